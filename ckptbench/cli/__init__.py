@@ -1,0 +1,61 @@
+"""Command-line glue: parse, call the library, render. No logic that tests would need."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ckptbench import __version__
+from ckptbench.errors import CkptbenchError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckptbench")
+def cli() -> None:
+    """Checkpoint save/restore benchmark: real models, real layouts, honest numbers.
+
+    \b
+    ckptbench plan WORKLOAD             what each rank writes
+    ckptbench run WORKLOAD --target DIR save and restore, measured
+    ckptbench report RESULTS            summarize a results file
+    ckptbench cadence ...               optimal checkpoint interval against MTBF
+    """
+
+
+def _register() -> None:
+    # Imported here so each command lives in its own module and the group stays thin.
+    from ckptbench.cli import cadence_cmd, plan_cmd, run_cmd
+
+    for module in (plan_cmd, run_cmd, cadence_cmd):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: bad input is one line on stderr and exit status 2, never a traceback."""
+    _register()
+    try:
+        cli.main(args=argv, prog_name="ckptbench", standalone_mode=False)
+    except CkptbenchError as exc:
+        click.echo(f"ckptbench: error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("ckptbench: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        # Usage errors (unknown option, missing argument, bad value): one line, exit 2.
+        click.echo(f"ckptbench: error: {exc.format_message()}", err=True)
+        return 2
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def run_main() -> None:
+    """Console-script wrapper: exit with main()'s status."""
+    sys.exit(main())

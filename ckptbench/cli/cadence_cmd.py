@@ -1,0 +1,7 @@
+"""`ckptbench cadence`: placeholder until the cadence calculator lands."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

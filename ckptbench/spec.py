@@ -1,0 +1,350 @@
+"""Workload files: the schema, its defaults and its validation.
+
+A workload says *what* is checkpointed (model, training state) and *how it is laid
+out* (parallel layout, file grouping). It knows nothing of backends, bytes on disk,
+processes or clocks. Every validation error names the TOML key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ckptbench.errors import SpecError
+
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+LAYOUTS = ("fsdp2", "megatron-deepspeed")
+FILE_GROUPINGS = ("dcp", "per-chunk", "megatron")
+OPTIMIZERS = ("adamw", "none")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Dimensions of a decoder-only transformer (dense or mixture-of-experts)."""
+
+    name: str
+    layers: int
+    dim: int
+    heads: int
+    kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    head_dim: int = 0  # 0: dim // heads
+    experts: int = 0  # routed experts per MoE layer; 0 = dense model
+    moe_ffn_dim: int = 0
+    shared_experts: int = 0
+    moe_every: int = 1  # every n-th layer is MoE (layers n-1, 2n-1, ...)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.dim // self.heads
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.experts > 0 and layer % self.moe_every == self.moe_every - 1
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """What the training state holds per parameter, and in which dtypes."""
+
+    param_dtype: str = "float32"
+    master_dtype: str = "none"  # an fp32 master copy beside low-precision weights
+    optimizer: str = "adamw"
+    optimizer_dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """The parallel layout: how many ranks and how the mesh is split."""
+
+    world_size: int = 1
+    layout: str = "fsdp2"
+    tp: int = 1
+    pp: int = 1
+    dp_replicate: int = 1
+    ep: int = 1
+    zero_stage: int = 3  # megatron-deepspeed only
+
+    @property
+    def dp_shard(self) -> int:
+        """The FSDP shard degree: what remains of the world after tp, pp and replicas."""
+        return self.world_size // (self.tp * self.pp * self.dp_replicate)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree (replicas x shards)."""
+        return self.world_size // (self.tp * self.pp)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """How the chunks become files or objects."""
+
+    files: str = "dcp"  # dcp | per-chunk | megatron
+    threads: int = 1  # DCP writer threads: data files per rank
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: ModelSpec
+    state: StateSpec = field(default_factory=StateSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- the catalogue of real models (dimensions from the model cards and reference code) ---
+
+_LLAMA3_COMMON = dict(head_dim=128, kv_heads=8, vocab_size=128_256)
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama3-8b": dict(layers=32, dim=4096, heads=32, ffn_dim=14_336, **_LLAMA3_COMMON),
+    "llama3-70b": dict(layers=80, dim=8192, heads=64, ffn_dim=28_672, **_LLAMA3_COMMON),
+    "llama3.1-405b": dict(layers=126, dim=16_384, heads=128, ffn_dim=53_248, **_LLAMA3_COMMON),
+    # Llama 4 (text weights): every layer MoE for Scout, every second for Maverick.
+    "llama4-scout": dict(
+        layers=48, dim=5120, heads=40, kv_heads=8, head_dim=128, ffn_dim=16_384,
+        vocab_size=202_048, experts=16, moe_ffn_dim=8192, shared_experts=1, moe_every=1,
+    ),
+    "llama4-maverick": dict(
+        layers=48, dim=5120, heads=40, kv_heads=8, head_dim=128, ffn_dim=16_384,
+        vocab_size=202_048, experts=128, moe_ffn_dim=8192, shared_experts=1, moe_every=2,
+    ),
+}
+ALIASES = {"llama3-405b": "llama3.1-405b", "llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b"}
+MODEL_NAMES = (*PRESETS, "custom")
+
+_MODEL_INT_KEYS = (
+    "layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab_size", "head_dim",
+    "experts", "moe_ffn_dim", "shared_experts", "moe_every",
+)
+_CUSTOM_REQUIRED = ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab_size")
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "workload": ("name", "description"),
+    "model": ("name", *_MODEL_INT_KEYS),
+    "state": ("param_dtype", "master_dtype", "optimizer", "optimizer_dtype"),
+    "parallel": ("world_size", "layout", "tp", "pp", "dp_replicate", "ep", "zero_stage"),
+    "checkpoint": ("files", "threads"),
+}
+
+
+def _allowed(values: Any) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _check_keys(table: Mapping[str, Any], section: str) -> None:
+    for key in table:
+        if key not in _SECTIONS[section]:
+            raise SpecError(
+                f"[{section}] unknown key {key!r}; allowed: {_allowed(_SECTIONS[section])}"
+            )
+
+
+def _int(table: Mapping[str, Any], section: str, key: str, default: int | None = None,
+         minimum: int = 1) -> int:
+    value = table.get(key, default)
+    if value is None:
+        raise SpecError(f"[{section}] {key} is required (an integer >= {minimum})")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"[{section}] {key} = {value!r} must be an integer >= {minimum}")
+    if value < minimum:
+        raise SpecError(f"[{section}] {key} = {value} must be an integer >= {minimum}")
+    return value
+
+
+def _choice(table: Mapping[str, Any], section: str, key: str, allowed: tuple[str, ...],
+            default: str) -> str:
+    value = table.get(key, default)
+    if value not in allowed:
+        raise SpecError(f"[{section}] {key} = {value!r} is not allowed; allowed: {_allowed(allowed)}")
+    return str(value)
+
+
+def _model(table: Mapping[str, Any]) -> ModelSpec:
+    _check_keys(table, "model")
+    name = table.get("name")
+    if not isinstance(name, str):
+        raise SpecError(f"[model] name is required; allowed: {_allowed(MODEL_NAMES)}")
+    name = ALIASES.get(name, name)
+    if name not in MODEL_NAMES:
+        raise SpecError(f"[model] name = {name!r} is not a known model; allowed: {_allowed(MODEL_NAMES)}")
+    base: dict[str, Any] = dict(PRESETS.get(name, {}))
+    if name == "custom":
+        for key in _CUSTOM_REQUIRED:
+            if key not in table:
+                raise SpecError(f"[model] {key} is required for a custom model (an integer >= 1)")
+    minimums = {"head_dim": 0, "experts": 0, "moe_ffn_dim": 0, "shared_experts": 0}
+    values: dict[str, int] = {}
+    for key in _MODEL_INT_KEYS:
+        if key in table or key in base:
+            source = table if key in table else base
+            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1))
+    spec = ModelSpec(name=name, **values)
+    if spec.head_dim == 0 and spec.dim % spec.heads:
+        raise SpecError(f"[model] heads = {spec.heads} must divide dim = {spec.dim} (or give head_dim)")
+    if spec.heads % spec.kv_heads:
+        raise SpecError(f"[model] kv_heads = {spec.kv_heads} must divide heads = {spec.heads}")
+    if spec.experts and not spec.moe_ffn_dim:
+        raise SpecError("[model] moe_ffn_dim is required when experts > 0 (an integer >= 1)")
+    return spec
+
+
+def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
+    _check_keys(table, "parallel")
+    spec = ParallelSpec(
+        world_size=_int(table, "parallel", "world_size", 1),
+        layout=_choice(table, "parallel", "layout", LAYOUTS, "fsdp2"),
+        tp=_int(table, "parallel", "tp", 1),
+        pp=_int(table, "parallel", "pp", 1),
+        dp_replicate=_int(table, "parallel", "dp_replicate", 1),
+        ep=_int(table, "parallel", "ep", 1),
+        zero_stage=_int(table, "parallel", "zero_stage", 3, minimum=0),
+    )
+    grid = spec.tp * spec.pp * spec.dp_replicate
+    if spec.world_size % grid:
+        raise SpecError(
+            f"[parallel] world_size = {spec.world_size} must be divisible by tp x pp x dp_replicate"
+            f" = {spec.tp} x {spec.pp} x {spec.dp_replicate} = {grid}"
+        )
+    if model.heads % spec.tp:
+        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] heads = {model.heads}")
+    if model.kv_heads % spec.tp:
+        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] kv_heads = {model.kv_heads}")
+    if spec.pp > model.layers:
+        raise SpecError(
+            f"[parallel] pp = {spec.pp} stages is more than [model] layers = {model.layers}"
+        )
+    if spec.ep > 1:
+        if not model.experts:
+            raise SpecError(f"[parallel] ep = {spec.ep} needs a mixture-of-experts model ([model] experts > 0)")
+        if model.experts % spec.ep:
+            raise SpecError(f"[parallel] ep = {spec.ep} must divide [model] experts = {model.experts}")
+        if spec.dp_shard % spec.ep:
+            raise SpecError(
+                f"[parallel] ep = {spec.ep} must divide the shard degree world_size / (tp x pp x"
+                f" dp_replicate) = {spec.dp_shard}"
+            )
+    if spec.layout == "megatron-deepspeed":
+        if spec.zero_stage not in (1, 2, 3):
+            raise SpecError(f"[parallel] zero_stage = {spec.zero_stage} is not allowed; allowed: 1, 2, 3")
+        if spec.dp_replicate != 1 or spec.ep != 1:
+            raise SpecError("[parallel] dp_replicate and ep must be 1 with layout = 'megatron-deepspeed'")
+    return spec
+
+
+def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
+    """Validate a workload given as nested tables (what TOML parsing gives)."""
+    for section in data:
+        if section not in _SECTIONS:
+            raise SpecError(f"unknown table [{section}]; allowed: {_allowed(_SECTIONS)}")
+        if not isinstance(data[section], Mapping):
+            raise SpecError(f"[{section}] must be a table")
+    meta = data.get("workload", {})
+    _check_keys(meta, "workload")
+    if "model" not in data:
+        raise SpecError("[model] table is required")
+    model = _model(data["model"])
+
+    state_table = data.get("state", {})
+    _check_keys(state_table, "state")
+    dtypes = tuple(DTYPE_BYTES)
+    state = StateSpec(
+        param_dtype=_choice(state_table, "state", "param_dtype", dtypes, "float32"),
+        master_dtype=_choice(state_table, "state", "master_dtype", ("none", *dtypes), "none"),
+        optimizer=_choice(state_table, "state", "optimizer", OPTIMIZERS, "adamw"),
+        optimizer_dtype=_choice(state_table, "state", "optimizer_dtype", dtypes, "float32"),
+    )
+    parallel = _parallel(data.get("parallel", {}), model)
+
+    ckpt_table = data.get("checkpoint", {})
+    _check_keys(ckpt_table, "checkpoint")
+    default_files = "megatron" if parallel.layout == "megatron-deepspeed" else "dcp"
+    checkpoint = CheckpointSpec(
+        files=_choice(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
+        threads=_int(ckpt_table, "checkpoint", "threads", 1),
+    )
+    if (checkpoint.files == "megatron") != (parallel.layout == "megatron-deepspeed"):
+        raise SpecError(
+            f"[checkpoint] files = {checkpoint.files!r} does not fit layout {parallel.layout!r};"
+            f" allowed: {'megatron' if parallel.layout == 'megatron-deepspeed' else 'dcp, per-chunk'}"
+        )
+    return Workload(
+        name=str(meta.get("name", name)),
+        description=str(meta.get("description", "")),
+        model=model,
+        state=state,
+        parallel=parallel,
+        checkpoint=checkpoint,
+    )
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a TOML workload file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such workload file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    try:
+        return parse_workload(data, name=path.stem)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
+def scaled(workload: Workload, factor: int) -> Workload:
+    """Shrink every tensor dimension by `factor`, keeping the layout (for small machines).
+
+    Dimensions that are sharded keep a multiple of what the layout needs, so the same
+    mesh still applies; layer count and world size do not change.
+    """
+    if factor == 1:
+        return workload
+    m = workload.model
+    head_dim = max(1, m.resolved_head_dim // factor)
+    return replace(
+        workload,
+        model=replace(
+            m,
+            dim=head_dim * m.heads,
+            head_dim=head_dim,
+            ffn_dim=max(1, m.ffn_dim // factor),
+            vocab_size=max(1, m.vocab_size // factor),
+            moe_ffn_dim=max(1, m.moe_ffn_dim // factor) if m.experts else 0,
+        ),
+    )
+
+
+def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:
+    """'0-7', '0,3', '0-3,8' -> sorted ranks; each must be < world_size."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo_s, hi_s = part.split("-", 1)
+                lo, hi = int(lo_s), int(hi_s)
+            else:
+                lo = hi = int(part)
+        except ValueError:
+            raise SpecError(
+                f"{option} {text!r}: {part!r} is not a rank or range (allowed: e.g. 0-7 or 0,3)"
+            ) from None
+        if lo < 0 or hi < lo or hi >= world_size:
+            raise SpecError(
+                f"{option} {text!r}: {part!r} is outside 0-{world_size - 1} (world_size = {world_size})"
+            )
+        ranks.update(range(lo, hi + 1))
+    return sorted(ranks)
