@@ -1,7 +1,379 @@
-"""`ckptbench cadence`: placeholder until the cadence calculator lands."""
+"""`ckptbench cadence`: how often to checkpoint, from measurements or given numbers."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
 import click
 
-COMMANDS: list[click.Command] = []
+from ckptbench import cadence
+from ckptbench.errors import SpecError
+from ckptbench.spec import load_workload
+
+_DURATION_UNITS = {
+    "ms": 1e-3,
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+}
+_UNIT_NAMES = {"s": "seconds", "min": "minutes", "h": "hours"}
+_SIZE_UNITS = {
+    "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
+    "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40, "pib": 2.0**50,
+}
+_NUMBER = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?|inf)\s*([a-z/]*)\s*$", re.IGNORECASE)
+
+
+def _split(text: str, option: str, what: str) -> tuple[float, str]:
+    match = _NUMBER.match(text)
+    if not match:
+        raise SpecError(f"{option} {text!r} is not {what}")
+    return float(match.group(1)), match.group(2).lower()
+
+
+def parse_duration(text: str, option: str, default_unit: str, allow_inf: bool = False) -> float:
+    """Seconds from '51', '51s', '3.1h', '30min', '1d' (a bare number is in default_unit)."""
+    units = ", ".join(("ms", "s", "min", "h", "d"))
+    value, unit = _split(text, option, f"a duration like 51s, 30min or 3.1h (units: {units})")
+    if (unit or default_unit) not in _DURATION_UNITS:
+        raise SpecError(f"{option} {text!r}: unknown unit {unit!r}; allowed: {units}")
+    if value <= 0 or (math.isinf(value) and not allow_inf):
+        no_failures = "; inf: no failures" if allow_inf else ""
+        raise SpecError(
+            f"{option} must be > 0 (a bare number is in {_UNIT_NAMES[default_unit]}{no_failures})"
+        )
+    return value * _DURATION_UNITS[unit or default_unit]
+
+
+def parse_size(text: str, option: str, per_second: bool = False) -> float:
+    """Bytes (or bytes/s) from '5.2TB', '800GiB', '2TB/s'; a bare number is GB (GB/s)."""
+    shape = "a bandwidth like 2.5GB/s" if per_second else "a size like 5.2TB"
+    value, unit = _split(text, option, shape)
+    if per_second:
+        unit = unit.removesuffix("/s").removesuffix("ps")
+    if (unit or "gb") not in _SIZE_UNITS:
+        raise SpecError(f"{option} {text!r}: unknown unit; allowed: B, KB, MB, GB, TB, PB, KiB ... PiB")
+    if value <= 0 or math.isinf(value):
+        raise SpecError(f"{option} must be > 0 and finite ({'GB/s' if per_second else 'GB'} by default)")
+    return value * _SIZE_UNITS[unit or "gb"]
+
+
+def parse_fraction(text: str, option: str) -> float:
+    """'0.95' or '95%'."""
+    body = text.strip()
+    percent = body.endswith("%")
+    try:
+        value = float(body.removesuffix("%")) / (100.0 if percent else 1.0)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise SpecError(f"{option} {text!r} must be in (0, 1) or a percentage like 95%")
+    return value
+
+
+def _human_duration(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "never"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON: inf and NaN become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _preset_epilog() -> str:
+    lines = [
+        "\b",
+        "Failure presets (job interruptions per GPU-hour; job MTBF = 1 / (GPUs x rate)):",
+    ]
+    lines += [
+        f"  {p.name:<8} {p.rate_per_gpu_hour:.3g}  {p.citation}"
+        for p in cadence.FAILURE_PRESETS.values()
+    ]
+    lines += [
+        "",
+        "\b",
+        "Examples:",
+        "  ckptbench cadence --save-seconds 51 --restore-seconds 129 --mtbf 3.1h",
+        "  ckptbench cadence --save-seconds 51 --restore-seconds 129 \\",
+        "      --failure-preset llama3 --gpus 16384 --interval 30min --gpu-hour-price 2.5",
+        "  ckptbench cadence --results run.jsonl --workload llama3-405b.toml \\",
+        "      --gpus 16384 --aggregate-bandwidth 2TB/s --failure-preset rsc1",
+        "",
+        "See docs/cadence.md for the formulas and their sources.",
+    ]
+    return "\n".join(lines)
+
+
+def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | None, Any]:
+    """Full-size checkpoint bytes of the target job and its workload (if given)."""
+    if workload_path and size:
+        raise SpecError("give either --workload or --checkpoint-size, not both")
+    if size:
+        return parse_size(size, "--checkpoint-size"), None
+    if workload_path:
+        workload = load_workload(workload_path)
+        return float(cadence.workload_checkpoint_bytes(workload)), workload
+    return None, None
+
+
+@click.command("cadence", epilog=_preset_epilog())
+@click.option("--results", type=click.Path(dir_okay=False, path_type=Path),
+              help="Results file of `ckptbench run`: measured save/restore throughput.")
+@click.option("--workload", "workload_path", metavar="FILE",
+              help="Target job's workload (model, layout, world size): checkpoint bytes and GPUs.")
+@click.option("--checkpoint-size", metavar="SIZE",
+              help="Target checkpoint size instead of --workload, e.g. 5.2TB (bare number: GB).")
+@click.option("--gpus", type=int, help="GPUs of the target job [default: the workload's world_size].")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True,
+              help="GPUs per host: nodes for bandwidth scaling and per-host failure rates.")
+@click.option("--aggregate-bandwidth", metavar="BW",
+              help="Storage ceiling for the whole job, e.g. 2TB/s (bare number: GB/s). Caps the "
+                   "per-node scaling and bounds bytes per interval.")
+@click.option("--save-seconds", metavar="DUR",
+              help="Save time C (bare number: seconds); overrides the measured one.")
+@click.option("--restore-seconds", metavar="DUR",
+              help="Restore time (bare number: seconds); overrides the measured one.")
+@click.option("--restart-overhead", metavar="DUR",
+              help="Relaunch time added to every restore (scheduler, init; bare number: seconds).")
+@click.option("--blocking-seconds", metavar="DUR",
+              help="Asynchronous saves: the blocking part; the rest of the save time is the "
+                   "persist time, a lower bound on the interval.")
+@click.option("--mtbf", metavar="DUR",
+              help="Job mean time between interruptions (bare number: hours; inf = none).")
+@click.option("--failure-preset", type=str, metavar="NAME",
+              help=f"Published failure rate: {', '.join(cadence.FAILURE_PRESETS)} (see below).")
+@click.option("--component", "components", multiple=True, metavar="NAME=RATE[:PER_HOST]",
+              help="A failure rate per unit-hour; PER_HOST units per host, else one per GPU "
+                   "('host'/'node': one per host). Repeatable; adds to --failure-preset.")
+@click.option("--interval", metavar="DUR",
+              help="Your current checkpoint interval (bare number: minutes).")
+@click.option("--gpu-hour-price", type=float, help="Price of a GPU-hour, for the cost per day.")
+@click.option("--target-goodput", default="95%", show_default=True,
+              help="Inverse question: the save time and bandwidth that reach this goodput.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of goodput against interval, optimum marked.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def cadence_command(results: Path | None, workload_path: str | None,
+                    checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
+                    aggregate_bandwidth: str | None, save_seconds: str | None,
+                    restore_seconds: str | None, restart_overhead: str | None,
+                    blocking_seconds: str | None, mtbf: str | None, failure_preset: str | None,
+                    components: tuple[str, ...], interval: str | None,
+                    gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
+                    as_json: bool) -> None:
+    """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
+
+    C and R come from a results file scaled to the target job, or are given
+    directly; the job MTBF is given, or computed from a preset or component rates.
+    """
+    if gpus is not None and gpus < 1:
+        raise SpecError(f"--gpus = {gpus} must be an integer >= 1")
+    if gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node = {gpus_per_node} must be an integer >= 1")
+    if gpu_hour_price is not None and not (gpu_hour_price >= 0 and math.isfinite(gpu_hour_price)):
+        raise SpecError(f"--gpu-hour-price = {gpu_hour_price} must be >= 0")
+    target = parse_fraction(target_goodput, "--target-goodput")
+    checkpoint_bytes, workload = _target_bytes(workload_path, checkpoint_size)
+    if gpus is None and workload is not None:
+        gpus = workload.parallel.world_size
+    ceiling = parse_size(aggregate_bandwidth, "--aggregate-bandwidth", per_second=True) \
+        if aggregate_bandwidth else None
+
+    scaled = None
+    if results is not None:
+        if checkpoint_bytes is None:
+            raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
+        if gpus is None:
+            raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
+        scaled = cadence.scale_measurements(
+            cadence.summaries_from_results(results), checkpoint_bytes, gpus, gpus_per_node,
+            ceiling, source=f"--results {results}",
+        )
+    save_s = parse_duration(save_seconds, "--save-seconds", "s") if save_seconds else (
+        scaled.save_s if scaled else None)
+    restore_s = parse_duration(restore_seconds, "--restore-seconds", "s") if restore_seconds \
+        else (scaled.restore_s if scaled else None)
+    if save_s is None or restore_s is None:
+        missing = "--save-seconds" if save_s is None else "--restore-seconds"
+        raise SpecError(f"{missing} is required (or --results with measurements)")
+    if restart_overhead:
+        restore_s += parse_duration(restart_overhead, "--restart-overhead", "s")
+    persist_s = 0.0
+    if blocking_seconds:
+        blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
+        if blocking > save_s:
+            raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
+        save_s, persist_s = blocking, save_s - blocking
+    cost = cadence.CheckpointCost(save_s, restore_s, persist_s)
+
+    model = cadence.failure_model(
+        mtbf_s=parse_duration(mtbf, "--mtbf", "h", allow_inf=True) if mtbf else None,
+        preset=failure_preset,
+        components=[cadence.parse_component(c) for c in components],
+        gpus=gpus,
+        gpus_per_host=gpus_per_node,
+    )
+    report = cadence.analyze(
+        cost, model.mtbf_s, gpus=gpus,
+        current_interval_s=parse_duration(interval, "--interval", "min") if interval else None,
+        gpu_hour_price=gpu_hour_price, checkpoint_bytes=checkpoint_bytes,
+        storage_bandwidth=ceiling,
+    )
+    max_save = cadence.required_save_seconds(target, restore_s, model.mtbf_s)
+    inverse = {
+        "goodput": target,
+        "gpus": gpus,
+        "max_save_s": max_save,
+        "save_bandwidth_bytes_per_s": (
+            checkpoint_bytes / max_save if checkpoint_bytes and max_save else None
+        ),
+    }
+    if plot is not None:
+        _plot(plot, report)
+    if as_json:
+        payload = {
+            "cost": asdict(cost),
+            "mtbf_s": model.mtbf_s,
+            "mtbf_source": model.source,
+            "gpus": gpus,
+            "checkpoint_bytes": checkpoint_bytes,
+            "bandwidth": None if scaled is None else {
+                "assumption": scaled.assumption,
+                "save_bytes_per_s": scaled.save_bandwidth,
+                "restore_bytes_per_s": scaled.restore_bandwidth,
+                **scaled.details,
+            },
+            "failures_per_day": report.failures_per_day,
+            "floor_s": report.floor_s,
+            "floor_reason": report.floor_reason,
+            "points": [asdict(p) for p in report.points],
+            "recommended": asdict(report.recommended),
+            "target": inverse,
+            "plot": str(plot) if plot else None,
+        }
+        click.echo(json.dumps(_jsonable(payload), indent=2))
+        return
+    _print_table(report, model, scaled, checkpoint_bytes, inverse, gpu_hour_price, plot)
+
+
+def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
+                 scaled: cadence.ScaledCost | None, checkpoint_bytes: float | None,
+                 inverse: dict[str, Any], price: float | None, plot: Path | None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # pipes and files: do not squeeze the table into 80 columns
+        console.width = max(console.width, 100)
+    cost = report.cost
+    mtbf_text = "infinite" if math.isinf(report.mtbf_s) else _human_duration(report.mtbf_s)
+    console.print(f"MTBF {mtbf_text} ({model.source});"
+                  f" {report.failures_per_day:.3g} failures/day")
+    line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
+    if cost.persist_s:
+        line += f", persist {cost.persist_s:.3g} s (asynchronous)"
+    console.print(line)
+    if scaled is not None:
+        console.print(f"bandwidth assumption: {scaled.assumption}")
+    if checkpoint_bytes:
+        console.print(f"checkpoint size {checkpoint_bytes / 1e12:.4g} TB")
+
+    table = Table(box=box.SIMPLE_HEAD, caption=None if price is None else f"cost at {price:g} per GPU-hour")
+    table.add_column("choice", no_wrap=True)
+    for header in ("interval", "goodput", "saving", "failures", "GPU-h lost/d"):
+        table.add_column(header, justify="right", no_wrap=True)
+    if price is not None:
+        table.add_column("cost/day", justify="right", no_wrap=True)
+    for p in report.points:
+        row = [
+            p.label + (" *" if p is report.recommended else ""),
+            _human_duration(p.interval_s),
+            f"{100 * p.goodput:.2f} %",
+            f"{100 * p.save_fraction:.2f} %",
+            f"{100 * p.failure_fraction:.2f} %",
+            "-" if p.gpu_hours_lost_per_day is None else f"{p.gpu_hours_lost_per_day:,.0f}",
+        ]
+        if price is not None:
+            row.append("-" if p.cost_per_day is None else f"{p.cost_per_day:,.0f}")
+        table.add_row(*row)
+    console.print(table)
+    best = report.recommended
+    if math.isinf(report.mtbf_s):
+        console.print("* no failures: any interval works, each save costs only its own time")
+    else:
+        floor = f" (raised to the floor: {report.floor_reason})" if best is not report.exact else ""
+        console.print(f"* checkpoint every {_human_duration(best.interval_s)}{floor};"
+                      f" a failure costs {_human_duration(best.loss_per_failure_s)} on average")
+    goal = f"{100 * inverse['goodput']:.3g} % goodput"
+    at = f" at {inverse['gpus']} GPUs" if inverse["gpus"] else ""
+    if inverse["max_save_s"] is None:
+        console.print(f"{goal}{at} is out of reach: restarts alone cap it below that")
+    elif math.isinf(inverse["max_save_s"]):
+        console.print(f"{goal}{at}: any save time will do when nothing fails")
+    else:
+        need = f"{goal}{at} needs saves of at most {inverse['max_save_s']:.3g} s (synchronous)"
+        if inverse["save_bandwidth_bytes_per_s"]:
+            need += f", i.e. {cadence.format_bandwidth(inverse['save_bandwidth_bytes_per_s'])} of save bandwidth"
+        console.print(need)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+def _plot(path: Path, report: cadence.CadenceReport) -> None:
+    """Goodput against interval on a log axis, the optimum and the user's interval marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    finite = [p.interval_s for p in report.points if math.isfinite(p.interval_s)]
+    centre = report.recommended.interval_s
+    if not math.isfinite(centre):
+        centre = max(finite, default=100 * report.cost.save_s)
+    low = min([centre / 30, report.cost.save_s / 10, *finite])
+    high = max([centre * 30, *finite])
+    taus = np.geomspace(low, high, 400)
+    curve = cadence.goodput_curve(report.cost, report.mtbf_s, taus)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(taus / 60, [100 * e for _, e in curve], color="tab:blue")
+    if report.floor_s > 0:
+        ax.axvspan(low / 60, report.floor_s / 60, color="0.85", label="below floor")
+    for p, style in ((report.recommended, "r*"), (report.current, "ko")):
+        if p is not None and math.isfinite(p.interval_s):
+            ax.plot(p.interval_s / 60, 100 * p.goodput, style, markersize=11,
+                    label=f"{p.label}: {_human_duration(p.interval_s)}, {100 * p.goodput:.1f} %")
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (minutes)")
+    ax.set_ylabel("goodput (%)")
+    ax.set_title(f"MTBF {_human_duration(report.mtbf_s)}, save {report.cost.save_s:.3g} s,"
+                 f" restore {report.cost.effective_restore_s:.3g} s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower center")
+    try:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    except OSError as exc:
+        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+
+
+COMMANDS: list[click.Command] = [cadence_command]

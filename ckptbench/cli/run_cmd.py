@@ -2,6 +2,168 @@
 
 from __future__ import annotations
 
-import click
+import json
+import re
+from pathlib import Path
+from typing import Any
 
-COMMANDS: list[click.Command] = []
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from ckptbench import report as report_mod
+from ckptbench.backends import open_backend
+from ckptbench.errors import SpecError
+from ckptbench.payload import MODES
+from ckptbench.plan import build_plan
+from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id
+from ckptbench.spec import load_workload, parse_ranks, scaled
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """'8MiB', '4M', '1048576' -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise SpecError(f"{option} {text!r} is not a size (allowed: e.g. 4MiB, 512KiB, 1048576)")
+    unit = (m.group(2) or "").lower()[:1]
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise SpecError(f"{option} {text!r} must be > 0")
+    return value
+
+
+def _gbps(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e9:.3f}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def wide_console() -> Console:
+    """A console that does not squeeze the results table when output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
+    table = Table(title="ckptbench results (throughput in GB/s = 1e9 B/s; median over iterations)")
+    for col in ("run", "phase", "iters", "GiB", "GB/s median", "min-max", "rank GB/s min",
+                "slowest rank s", "gap s", "op p50/p99 ms", "cache"):
+        table.add_column(col, justify="right" if col not in ("run", "phase", "cache") else "left")
+    for res in loaded:
+        name = res["run"].get("workload", {}).get("name", "?")
+        for s in res["summary"]:
+            op = "write" if s["phase"] == "save" else "read"
+            lat = s["latency"].get(op, {})
+            table.add_row(
+                name, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
+                _gbps(s["throughput_bytes_per_s"]),
+                f"{_gbps(s['throughput_min'])}-{_gbps(s['throughput_max'])}",
+                _gbps(s["rank_throughput_min_bytes_per_s"]), f"{s['slowest_rank_seconds_max']:.3f}",
+                f"{s['first_to_last_gap_s_median']:.3f}",
+                f"{op} {_ms(lat.get('p50_s'))}/{_ms(lat.get('p99_s'))}", str(s["cache"] or "-"),
+            )
+        for e in res["errors"]:
+            table.add_row(name, e["phase"], str(e["iteration"]), "", "FAILED", "", "", "", "", e["message"][:60], "")
+    console.print(table)
+
+
+@click.command("run")
+@click.argument("workload", type=click.Path(dir_okay=False))
+@click.option("--target", default="ckptbench-data", show_default=True,
+              help="Where checkpoints go: a directory, file://..., s3://bucket/prefix, or an fsspec URL.")
+@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--scale", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Divide every model dimension by F (keeps the layout): for small machines.")
+@click.option("--ranks", default=None, help="Run a subset of the plan's ranks, e.g. 0-7 (MLPerf subset mode).")
+@click.option("--io", "io_mode", type=click.Choice(["buffered", "direct"]), default="buffered",
+              show_default=True, help="buffered + fsync (what frameworks do) or O_DIRECT (device ceiling).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="I/O threads per rank [default: the workload's checkpoint.threads].")
+@click.option("--block-size", default="8MiB", show_default=True, help="Bytes per write/read call.")
+@click.option("--payload", type=click.Choice(MODES), default="random", show_default=True,
+              help="random: incompressible; realistic: values shaped like trained weights/moments.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--prefill", default="64MiB", show_default=True,
+              help="Payload generated per rank before the clock starts (bounds memory).")
+@click.option("--keep", is_flag=True, help="Keep the checkpoints written (default: delete them).")
+@click.option("--no-restore", is_flag=True, help="Measure saves only.")
+@click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: evict the checkpoint from caches before restoring.")
+@click.option("--restore-shift", type=int, default=0, show_default=True,
+              help="Rank r restores the files of rank r+N (IOR -C): no rank reads its own cache.")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Results file (JSON Lines) [default: results/<workload>-<run id>.jsonl].")
+@click.option("--endpoint-url", default=None, help="S3 endpoint (else boto3's configuration).")
+@click.option("--part-size", default="8MiB", show_default=True, help="S3 multipart part size.")
+@click.option("--s3-checksum", type=click.Choice(["when_required", "when_supported"]),
+              default="when_required", show_default=True, help="S3 request checksums.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
+                io_mode: str, threads: int | None, block_size: str, payload: str, seed: int,
+                prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int,
+                results: str | None, endpoint_url: str | None, part_size: str, s3_checksum: str,
+                as_json: bool) -> None:
+    """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+    full = load_workload(workload)
+    run_workload = scaled(full, scale)
+    plan = build_plan(run_workload)
+    selected = parse_ranks(ranks, plan.world_size) if ranks else list(range(plan.world_size))
+    run_id = new_run_id()
+    options = RunOptions(
+        iterations=iterations, threads=threads or run_workload.checkpoint.threads,
+        block_size=parse_size(block_size, "--block-size"), payload=payload, seed=seed, keep=keep,
+        restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
+        run_id=run_id, restore_shift=restore_shift,
+    )
+    backend_options: dict[str, Any] = {"io": io_mode}
+    if target.startswith("s3://"):
+        backend_options = {"endpoint_url": endpoint_url, "part_size": parse_size(part_size, "--part-size"),
+                           "checksum": s3_checksum, "concurrency": options.threads}
+    backend = open_backend(target, backend_options)
+    results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
+    per_iter = int(sum(int(plan.rank_bytes()[r]) for r in selected))
+    total = per_iter * iterations * (1 if no_restore else 2)
+    console = Console(stderr=True)
+    req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
+                     results=results_path, scale=scale)
+    console.print(f"[bold]{full.name}[/]: {len(selected)} of {plan.world_size} ranks, "
+                  f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("save+restore" if not no_restore else "save", total=total)
+        execute(req, on_progress=lambda n: progress.advance(task, n))
+    loaded = [report_mod.load(str(results_path))]
+    if as_json:
+        click.echo(json.dumps({"results": str(results_path), "summary": loaded[0]["summary"]}, indent=2))
+    else:
+        render_summary(wide_console(), loaded)
+        click.echo(f"results: {results_path}")
+
+
+@click.command("report")
+@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print summaries and per-iteration figures as JSON.")
+def report_command(results: tuple[str, ...], as_json: bool) -> None:
+    """Summarize one or more results files (several: side by side)."""
+    loaded = [report_mod.load(p) for p in results]
+    if as_json:
+        click.echo(json.dumps([{k: v for k, v in r.items() if k != "run"} for r in loaded], indent=2))
+        return
+    render_summary(wide_console(), loaded)
+
+
+COMMANDS = [run_command, report_command]

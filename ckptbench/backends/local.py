@@ -1,0 +1,284 @@
+"""Local disks and POSIX parallel file systems (NVMe, Lustre, GPFS, BeeGFS, NFS).
+
+Two I/O modes, chosen per run and recorded:
+
+* ``buffered`` (default): write() + fsync(), what torch.save and DCP do;
+* ``direct``: O_DIRECT with aligned buffers: the device ceiling, no page cache.
+
+New files are created with O_EXCL, so nothing that exists is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ckptbench.backends.base import (
+    TARGET_MARKER,
+    Backend,
+    ReadHandle,
+    WriteHandle,
+    foreign_target_error,
+    marker_bytes,
+)
+from ckptbench.errors import BackendError
+
+IO_MODES = ("buffered", "direct")
+DIRECT_ALIGN = 4096
+
+
+def os_error(path: str | Path, exc: OSError) -> BackendError:
+    """One line for the usual ways a file system says no."""
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.ENOTDIR: "not a directory",
+        errno.EEXIST: "already exists (ckptbench never overwrites)",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return BackendError(f"{path}: {reason}")
+
+
+class _FileWriter(WriteHandle):
+    def __init__(self, path: Path, size: int, direct: bool) -> None:
+        self.path = path
+        self.size = size
+        self.written = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        if direct:
+            flags |= os.O_DIRECT
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if direct and exc.errno == errno.EINVAL:
+                raise BackendError(
+                    f"{path.parent}: the file system does not support O_DIRECT (--io direct);"
+                    " allowed here: --io buffered"
+                ) from None
+            raise os_error(path, exc) from None
+
+    def write(self, data: memoryview) -> None:
+        try:
+            while len(data):
+                n = os.write(self.fd, data)
+                self.written += n
+                data = data[n:]
+        except OSError as exc:
+            raise os_error(self.path, exc) from None
+
+    def sync(self) -> None:
+        try:
+            if self.written > self.size:  # direct I/O padded the last block
+                os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise os_error(self.path, exc) from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _FileReader(ReadHandle):
+    def __init__(self, path: Path, direct: bool) -> None:
+        self.path = path
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
+        try:
+            self.fd = os.open(path, flags)
+        except OSError as exc:
+            raise os_error(path, exc) from None
+
+    def readinto(self, offset: int, buf: memoryview) -> int:
+        try:
+            return os.preadv(self.fd, [buf], offset)
+        except OSError as exc:
+            raise os_error(self.path, exc) from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBackend(Backend):
+    name = "local"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"direct", "fadvise", "drop_caches"})
+
+    def __init__(self, target: str, options: dict[str, Any] | None = None) -> None:
+        super().__init__(target, options)
+        path = target[len("file://"):] if target.startswith("file://") else target
+        self.root = Path(path).absolute()
+        self.io = self.options.setdefault("io", "buffered")
+        if self.io not in IO_MODES:
+            raise BackendError(f"--io {self.io!r} is not allowed; allowed: {', '.join(IO_MODES)}")
+        self.direct = self.io == "direct"
+        self.alignment = DIRECT_ALIGN if self.direct else 1
+        self.created_root = False
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    # --- the target ---
+    def prepare(self) -> None:
+        root = self.root
+        if root.exists() and not root.is_dir():
+            raise BackendError(f"target {root} is not a directory; allowed: a new or empty directory")
+        if not root.exists():
+            try:
+                root.mkdir(parents=True)
+            except OSError as exc:
+                raise os_error(root, exc) from None
+            self.created_root = True
+        marker = root / TARGET_MARKER
+        try:
+            entries = [e for e in os.listdir(root) if e != TARGET_MARKER]
+        except OSError as exc:
+            raise os_error(root, exc) from None
+        if not marker.exists():
+            if entries:
+                raise foreign_target_error(str(root), sorted(entries)[0])
+            try:
+                marker.write_bytes(marker_bytes())
+            except OSError as exc:
+                self._undo_root()
+                raise os_error(root, exc) from None
+        if not os.access(root, os.W_OK):
+            raise BackendError(f"{root}: permission denied (the target must be writable)")
+
+    def _undo_root(self) -> None:
+        if self.created_root:
+            with contextlib.suppress(OSError):
+                self.root.rmdir()
+
+    def release(self) -> None:
+        if not self.created_root:
+            return
+        try:
+            if [e for e in os.listdir(self.root) if e != TARGET_MARKER]:
+                return
+            (self.root / TARGET_MARKER).unlink(missing_ok=True)
+            self.root.rmdir()
+        except OSError:
+            pass
+
+    # --- data ---
+    def open_write(self, key: str, size: int) -> WriteHandle:
+        return _FileWriter(self._path(key), size, self.direct)
+
+    def open_read(self, key: str) -> ReadHandle:
+        return _FileReader(self._path(key), self.direct)
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while len(view):
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise os_error(path, exc) from None
+
+    def get(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def remove_tree(self, prefix: str) -> None:
+        path = self._path(prefix)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+
+    def drop_cache(self, keys: list[str]) -> str:
+        if self.direct:
+            return "direct"
+        for key in keys:
+            try:
+                fd = os.open(self._path(key), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "path": str(self.root), **filesystem_info(self.root)}
+
+
+def drop_page_cache() -> bool:
+    """Drop the whole page cache when permitted (root, writable /proc); say if it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def filesystem_info(path: Path) -> dict[str, Any]:
+    """File-system type, mount point and options, and block device model of `path`."""
+    real = os.path.realpath(path)
+    best: dict[str, Any] = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-")
+                mount_point = fields[4].replace("\\040", " ")
+                inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best.get("mount_point", "")):
+                    best = {
+                        "mount_point": mount_point,
+                        "fs_type": fields[sep + 1],
+                        "mount_source": fields[sep + 2],
+                        "mount_options": fields[5],
+                        "super_options": fields[sep + 3] if len(fields) > sep + 3 else "",
+                        "dev": fields[2],
+                    }
+    except OSError:
+        return {}
+    dev = best.pop("dev", None)
+    if dev:
+        sys_dev = Path("/sys/dev/block") / dev
+        for candidate in (sys_dev / "device" / "model", sys_dev / ".." / "device" / "model"):
+            with contextlib.suppress(OSError):
+                best["device_model"] = candidate.read_text().strip()
+                break
+        with contextlib.suppress(OSError):
+            best["device"] = os.path.basename(os.path.realpath(sys_dev))
+            rotational = sys_dev / "queue" / "rotational"
+            if not rotational.exists():
+                rotational = sys_dev / ".." / "queue" / "rotational"
+            best["rotational"] = rotational.read_text().strip() == "1"
+    return best

@@ -1,0 +1,138 @@
+"""Records -> answers: throughput as the trusted benchmarks define it, spread, stragglers.
+
+Aggregate throughput = total bytes / (latest end - earliest start) over all ranks; the
+save ends when the manifest is committed (what a training job waits for) and the
+restore starts with reading the manifest. Per rank: bytes / its own span. Per op:
+p50/p99 latency. Over iterations: median, min, max and spread, never one lucky number.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ckptbench.records import read_records
+
+LATENCY_OPS = ("open", "write", "fsync", "close", "read")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per successful (iteration, phase)."""
+    ranks: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    ops: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    extra_start: dict[tuple[int, str], int] = {}
+    extra_end: dict[tuple[int, str], int] = {}
+    phases: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in records:
+        t = r.get("type")
+        if t in ("rank", "op", "phase"):
+            key = (r["iteration"], r["phase"])
+        if t == "rank":
+            ranks[key].append(r)
+        elif t == "op":
+            op = r["op"]
+            if op in LATENCY_OPS:
+                ops[key][op].append((r["end_ns"] - r["start_ns"]) / 1e9)
+            elif op == "commit":
+                extra_end[key] = max(extra_end.get(key, 0), r["end_ns"])
+            elif op == "manifest":
+                extra_start[key] = min(extra_start.get(key, r["start_ns"]), r["start_ns"])
+        elif t == "phase":
+            phases[key] = r
+    out = []
+    for key in sorted(ranks):
+        phase_rec = phases.get(key, {})
+        if not phase_rec.get("ok", False):
+            continue
+        rs = ranks[key]
+        start = min([r["start_ns"] for r in rs] + ([extra_start[key]] if key in extra_start else []))
+        end = max([r["end_ns"] for r in rs] + ([extra_end[key]] if key in extra_end else []))
+        total = sum(r["bytes"] for r in rs)
+        seconds = max((end - start) / 1e9, 1e-9)
+        spans = {r["rank"]: max((r["end_ns"] - r["start_ns"]) / 1e9, 1e-9) for r in rs}
+        rank_tp = sorted(r["bytes"] / spans[r["rank"]] for r in rs)
+        slowest = max(rs, key=lambda r: r["end_ns"])
+        ends = sorted((r["end_ns"] - start) / 1e9 for r in rs)
+        lat = {op: {"p50_s": _pct(v, 50), "p99_s": _pct(v, 99), "count": len(v)}
+               for op, v in ops[key].items()}
+        commit = phase_rec.get("commit_ns")
+        out.append({
+            "iteration": key[0],
+            "phase": key[1],
+            "bytes": total,
+            "seconds": seconds,
+            "throughput_bytes_per_s": total / seconds,
+            "ranks": len(rs),
+            "nodes": len({r.get("host") for r in rs}),
+            "rank_throughput_bytes_per_s": {"min": rank_tp[0], "median": statistics.median(rank_tp),
+                                            "max": rank_tp[-1]},
+            "slowest_rank": slowest["rank"],
+            "slowest_rank_seconds": (slowest["end_ns"] - start) / 1e9,
+            "first_done_s": ends[0],
+            "last_done_s": ends[-1],
+            "first_to_last_gap_s": ends[-1] - ends[0],
+            "commit_s": (commit[1] - commit[0]) / 1e9 if commit else None,
+            "cache": phase_rec.get("cache"),
+            "latency": lat,
+        })
+    return out
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``summary`` record per phase: medians and spread over iterations."""
+    its = iteration_stats(records)
+    out = []
+    for phase in ("save", "restore"):
+        sel = [i for i in its if i["phase"] == phase]
+        if not sel:
+            continue
+        tps = [i["throughput_bytes_per_s"] for i in sel]
+        secs = [i["seconds"] for i in sel]
+        lat: dict[str, dict[str, float | None]] = {}
+        for op in LATENCY_OPS:
+            values = [r for r in records if r.get("type") == "op" and r["phase"] == phase
+                      and r["op"] == op]
+            d = [(r["end_ns"] - r["start_ns"]) / 1e9 for r in values]
+            if d:
+                lat[op] = {"p50_s": _pct(d, 50), "p99_s": _pct(d, 99)}
+        out.append({
+            "type": "summary",
+            "phase": phase,
+            "iterations": len(sel),
+            "bytes": sel[0]["bytes"],
+            "seconds": statistics.median(secs),
+            "throughput_bytes_per_s": statistics.median(tps),
+            "throughput_min": min(tps),
+            "throughput_max": max(tps),
+            "throughput_stdev": statistics.stdev(tps) if len(tps) > 1 else 0.0,
+            "rank_throughput_min_bytes_per_s": min(i["rank_throughput_bytes_per_s"]["min"] for i in sel),
+            "slowest_rank_seconds_max": max(i["slowest_rank_seconds"] for i in sel),
+            "first_to_last_gap_s_median": statistics.median(i["first_to_last_gap_s"] for i in sel),
+            "ranks": sel[0]["ranks"],
+            "nodes": sel[0]["nodes"],
+            "cache": sel[0]["cache"],
+            "latency": lat,
+        })
+    return out
+
+
+def load(path: str) -> dict[str, Any]:
+    """A results file as {run, iterations, summary, errors}."""
+    records = list(read_records(path))
+    run = next((r for r in records if r.get("type") == "run"), {})
+    summary = [r for r in records if r.get("type") == "summary"] or summarize(records)
+    return {
+        "path": str(path),
+        "run": run,
+        "iterations": iteration_stats(records),
+        "summary": summary,
+        "errors": [r for r in records if r.get("type") == "error"],
+    }

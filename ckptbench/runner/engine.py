@@ -1,0 +1,378 @@
+"""Executing a plan on a backend: the clock, the threads, the phases, the verification.
+
+Every process runs the same loop over iterations, collectively:
+
+save      prefill payload buffers -> barrier -> T writer threads (open/write/fsync/close
+          timed per call; a producer thread per writer generates the bytes off the clock)
+          -> gather digests to process 0 -> process 0 commits the manifest atomically
+cache     each process evicts its files from the page cache (or O_DIRECT made it moot)
+restore   barrier -> every process reads the manifest -> T reader threads (open/read/close
+          timed) hand buffers to a verifier thread that checks every chunk's digest
+cleanup   process 0 deletes the checkpoint unless --keep
+
+Errors inside a phase are caught on each process and gathered, so the group always
+decides together: a failed iteration is removed (no manifest is ever left for it) and
+the run stops with the finished iterations' records kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ckptbench.backends import Backend
+from ckptbench.errors import BackendError, CkptbenchError, VerificationError
+from ckptbench.payload import ChunkHasher, PayloadGenerator, Region, stream_key
+from ckptbench.plan import Plan
+from ckptbench.runner.comm import Comm
+
+MANIFEST_SCHEMA = "ckptbench.manifest/1"
+now = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    iterations: int = 1
+    threads: int = 1
+    block_size: int = 8 << 20
+    payload: str = "random"
+    seed: int = 0
+    keep: bool = False
+    restore: bool = True
+    prefill_bytes: int = 64 << 20  # per process: generated before the clock starts
+    cache: str = "auto"  # auto: evict after save; none: leave caches alone
+    run_id: str = "run"
+    restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FileJob:
+    """One file of the plan, as a process writes or reads it."""
+
+    index: int  # file index in the plan
+    rank: int  # plan rank that writes it
+    key: str  # backend key (checkpoint dir + file path)
+    size: int
+    regions: list[Region]
+    base: int  # payload stream key
+
+
+@dataclass
+class ThreadResult:
+    ops: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # op, file, bytes, t0, t1
+    digests: dict[int, list[int]] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def _aligned_buffer(nbytes: int) -> np.ndarray:
+    """Page-aligned memory (mmap), as O_DIRECT needs; np.empty is not aligned."""
+    mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE))
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, seed: int) -> list[FileJob]:
+    jobs = []
+    for r in ranks:
+        for f in plan.files_of_rank(r):
+            regions = [Region(c.file_offset, c.file_offset + c.nbytes, c.key, c.dtype)
+                       for c in plan.iter_chunks(f) if c.nbytes]
+            jobs.append(FileJob(f, r, f"{checkpoint}/{plan.file_paths[f]}",
+                                int(plan.file_bytes[f]), regions,
+                                stream_key(seed, f, iteration)))
+    return jobs
+
+
+def assign_threads(jobs: list[FileJob], threads: int) -> list[list[FileJob]]:
+    """Largest file first to the least-loaded thread; each thread keeps plan order."""
+    loads = [0] * threads
+    out: list[list[FileJob]] = [[] for _ in range(threads)]
+    for job in sorted(jobs, key=lambda j: -j.size):
+        t = min(range(threads), key=loads.__getitem__)
+        out[t].append(job)
+        loads[t] += job.size
+    for lst in out:
+        lst.sort(key=lambda j: j.index)
+    return out
+
+
+class _Pipeline:
+    """A bounded ring of aligned buffers between a producer and a consumer thread."""
+
+    def __init__(self, nbuf: int, size: int) -> None:
+        self.buffers = [_aligned_buffer(size) for _ in range(nbuf)]
+        self.free: queue.Queue[int] = queue.Queue()
+        for i in range(nbuf):
+            self.free.put(i)
+        self.full: queue.Queue[Any] = queue.Queue()
+        self.stop = threading.Event()
+        self.primed = threading.Event()
+
+    def take_free(self) -> int | None:
+        while not self.stop.is_set():
+            if self.free.empty():
+                self.primed.set()
+            try:
+                return self.free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        return None
+
+    def take_full(self) -> Any:
+        while True:
+            try:
+                return self.full.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop.is_set():
+                    return None
+
+
+class RankEngine:
+    """One process's share of the run: its plan ranks, its threads, its backend."""
+
+    def __init__(self, plan: Plan, ranks: list[int], backend: Backend, comm: Comm,
+                 options: RunOptions, progress: Callable[[int], None] | None = None) -> None:
+        self.plan = plan
+        self.ranks = ranks
+        self.backend = backend
+        self.comm = comm
+        self.o = options
+        self.progress = progress or (lambda n: None)
+        self.gen = PayloadGenerator(options.payload, options.seed)
+        self.align = max(backend.alignment, 1)
+        self.block = _round_up(options.block_size, max(self.align, 8))
+        nthreads = max(1, options.threads)
+        per_thread = max(2, options.prefill_bytes // max(1, nthreads) // self.block)
+        self.nbuf = per_thread
+        self.nthreads = nthreads
+
+    # --- save ---
+    def _produce(self, pipe: _Pipeline, jobs: list[FileJob], res: ThreadResult) -> None:
+        try:
+            for j, job in enumerate(jobs):
+                hasher = ChunkHasher(job.regions)
+                if job.size == 0:
+                    pipe.full.put((j, 0, None, 0, 0))
+                for off in range(0, job.size, self.block):
+                    i = pipe.take_free()
+                    if i is None:
+                        return
+                    n = min(self.block, job.size - off)
+                    padded = _round_up(n, self.align)
+                    buf = pipe.buffers[i]
+                    self.gen.fill(job.base, job.regions, off, buf[:_round_up(n, 8)])
+                    hasher.update(off, buf[:n])
+                    pipe.full.put((j, off, i, n, padded))
+                res.digests[job.index] = hasher.digests()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            res.error = exc
+            pipe.stop.set()
+        finally:
+            pipe.primed.set()
+            pipe.full.put(None)
+
+    def _write(self, pipe: _Pipeline, jobs: list[FileJob], res: ThreadResult) -> None:
+        ops = res.ops
+        handle = None
+        current = -1
+
+        def finish() -> None:
+            assert handle is not None
+            t0 = now()
+            handle.sync()
+            t1 = now()
+            handle.close()
+            t2 = now()
+            ops.append(("fsync", jobs[current].index, 0, t0, t1))
+            ops.append(("close", jobs[current].index, 0, t1, t2))
+
+        try:
+            while True:
+                item = pipe.take_full()
+                if item is None:
+                    break
+                j, _off, i, n, padded = item
+                if j != current:
+                    if handle is not None:
+                        finish()
+                    current = j
+                    t0 = now()
+                    handle = self.backend.open_write(jobs[j].key, jobs[j].size)
+                    ops.append(("open", jobs[j].index, 0, t0, now()))
+                if i is None:
+                    continue
+                view = memoryview(pipe.buffers[i])[:padded]  # type: ignore[arg-type]
+                t0 = now()
+                handle.write(view)
+                t1 = now()
+                ops.append(("write", jobs[j].index, n, t0, t1))
+                pipe.free.put(i)
+                self.progress(n)
+            if handle is not None and res.error is None:
+                finish()
+                handle = None
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = res.error or exc
+            pipe.stop.set()
+            if handle is not None:
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    handle.abort()
+
+    def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
+        groups = assign_threads(jobs, self.nthreads)
+        pipes = [_Pipeline(min(self.nbuf, max(1, sum(-(-j.size // self.block) for j in g))),
+                           self.block) for g in groups]
+        results = [ThreadResult() for _ in groups]
+        producers = [threading.Thread(target=self._produce, args=(p, g, r), daemon=True)
+                     for p, g, r in zip(pipes, groups, results, strict=True)]
+        for t in producers:
+            t.start()
+        for p in pipes:  # payload for the first buffers is ready before the clock starts
+            p.primed.wait()
+        self.comm.barrier()
+        writers = [threading.Thread(target=self._write, args=(p, g, r), daemon=True)
+                   for p, g, r in zip(pipes, groups, results, strict=True)]
+        for t in writers:
+            t.start()
+        for t in writers + producers:
+            t.join()
+        return results
+
+    # --- restore ---
+    def _read(self, pipe: _Pipeline, jobs: list[FileJob], res: ThreadResult) -> None:
+        ops = res.ops
+        try:
+            for j, job in enumerate(jobs):
+                t0 = now()
+                handle = self.backend.open_read(job.key)
+                ops.append(("open", job.index, 0, t0, now()))
+                try:
+                    off = 0
+                    while off < job.size:
+                        i = pipe.take_free()
+                        if i is None:
+                            return
+                        want = min(self.block, job.size - off)
+                        view = memoryview(pipe.buffers[i])[:_round_up(want, self.align)]  # type: ignore[arg-type]
+                        t0 = now()
+                        got = handle.readinto(off, view)
+                        t1 = now()
+                        ops.append(("read", job.index, min(got, want), t0, t1))
+                        if got < want:
+                            raise VerificationError(
+                                f"{job.key}: short read at offset {off + got} (file has "
+                                f"{off + got} of {job.size} bytes)")
+                        pipe.full.put((j, off, i, want))
+                        self.progress(want)
+                        off += want
+                finally:
+                    t0 = now()
+                    handle.close()
+                    ops.append(("close", job.index, 0, t0, now()))
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = exc
+            pipe.stop.set()
+        finally:
+            pipe.full.put(None)
+
+    def _verify(self, pipe: _Pipeline, jobs: list[FileJob], expected: dict[str, Any],
+                res: ThreadResult) -> None:
+        hashers: dict[int, ChunkHasher] = {}
+        try:
+            while True:
+                item = pipe.take_full()
+                if item is None:
+                    break
+                j, off, i, n = item
+                h = hashers.setdefault(j, ChunkHasher(jobs[j].regions))
+                h.update(off, pipe.buffers[i][:n])
+                pipe.free.put(i)
+            for j, job in enumerate(jobs):
+                if res.error is not None:
+                    break
+                h = hashers.get(j) or ChunkHasher(job.regions)
+                want = expected[job.key]["digests"]
+                for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
+                    if got_d != want_d:
+                        res.mismatches.append(self._locate(job, region))
+        except BaseException as exc:  # noqa: BLE001
+            res.error = res.error or exc
+            pipe.stop.set()
+
+    def _locate(self, job: FileJob, region: Region) -> str:
+        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock)."""
+        n = region.end - region.start
+        expected = self.gen.expected(job.base, region)
+        start = region.start // self.align * self.align
+        buf = _aligned_buffer(_round_up(region.end - start, max(self.align, 1)) + self.align)
+        handle = self.backend.open_read(job.key)
+        try:
+            got = handle.readinto(start, memoryview(buf)[:_round_up(region.end - start, self.align)])  # type: ignore[arg-type]
+        finally:
+            handle.close()
+        data = buf[region.start - start:region.start - start + n]
+        differ = np.flatnonzero(data[:max(0, got - (region.start - start))] != expected[:got])
+        first = int(differ[0]) if len(differ) else min(n, max(0, got - (region.start - start)))
+        return (f"chunk {region.key} in {job.key}: bytes differ from offset "
+                f"{region.start + first} (chunk byte {first} of {n})")
+
+    def restore(self, jobs: list[FileJob], manifest_key: str) -> tuple[list[ThreadResult], tuple[int, int]]:
+        self.comm.barrier()
+        t0 = now()
+        try:
+            manifest = json.loads(self.backend.get(manifest_key))
+        except FileNotFoundError:
+            raise VerificationError(
+                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
+            ) from None
+        t1 = now()
+        expected = manifest["files"]
+        for job in jobs:
+            if job.key not in expected:
+                raise VerificationError(f"{job.key}: missing from the manifest {manifest_key}")
+        groups = assign_threads(jobs, self.nthreads)
+        pipes = [_Pipeline(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
+        results = [ThreadResult() for _ in groups]
+        threads = []
+        for p, g, r in zip(pipes, groups, results, strict=True):
+            threads.append(threading.Thread(target=self._read, args=(p, g, r), daemon=True))
+            threads.append(threading.Thread(target=self._verify, args=(p, g, expected, r), daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results, (t0, t1)
+
+
+def first_error(results: list[ThreadResult]) -> BaseException | None:
+    for r in results:
+        if r.error is not None:
+            return r.error
+    return None
+
+
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line message) for an error to be gathered and reported."""
+    if isinstance(exc, VerificationError):
+        return "verification", str(exc)
+    if isinstance(exc, BackendError | CkptbenchError):
+        return "backend", str(exc)
+    if isinstance(exc, OSError):
+        return "backend", f"{getattr(exc, 'filename', '') or ''}: {exc.strerror or exc}".lstrip(": ")
+    return "internal", f"{type(exc).__name__}: {exc}"
