@@ -95,6 +95,10 @@ class Backend(ABC):
         """Keep restores from reading what the save left in a cache; say how."""
         return "none"
 
+    def stats(self) -> dict[str, int]:
+        """Counters since the last call (e.g. retried requests), then reset; recorded per rank."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """What the results file should record about this target (never secrets)."""
         return {"backend": self.name, "target": self.target, "options": self.public_options()}

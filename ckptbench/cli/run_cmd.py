@@ -21,6 +21,7 @@ from rich.table import Table
 
 from ckptbench import report as report_mod
 from ckptbench.backends import open_backend
+from ckptbench.cli.backend_options import backend_options, build_backend_options
 from ckptbench.errors import SpecError
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
@@ -88,8 +89,6 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
 @click.option("--scale", type=click.IntRange(min=1), default=1, show_default=True,
               help="Divide every model dimension by F (keeps the layout): for small machines.")
 @click.option("--ranks", default=None, help="Run a subset of the plan's ranks, e.g. 0-7 (MLPerf subset mode).")
-@click.option("--io", "io_mode", type=click.Choice(["buffered", "direct"]), default="buffered",
-              show_default=True, help="buffered + fsync (what frameworks do) or O_DIRECT (device ceiling).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="I/O threads per rank [default: the workload's checkpoint.threads].")
 @click.option("--block-size", default="8MiB", show_default=True, help="Bytes per write/read call.")
@@ -106,16 +105,12 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
               help="Rank r restores the files of rank r+N (IOR -C): no rank reads its own cache.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Results file (JSON Lines) [default: results/<workload>-<run id>.jsonl].")
-@click.option("--endpoint-url", default=None, help="S3 endpoint (else boto3's configuration).")
-@click.option("--part-size", default="8MiB", show_default=True, help="S3 multipart part size.")
-@click.option("--s3-checksum", type=click.Choice(["when_required", "when_supported"]),
-              default="when_required", show_default=True, help="S3 request checksums.")
+@backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
-                io_mode: str, threads: int | None, block_size: str, payload: str, seed: int,
+                threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int,
-                results: str | None, endpoint_url: str | None, part_size: str, s3_checksum: str,
-                as_json: bool) -> None:
+                results: str | None, as_json: bool, **backend_cli: Any) -> None:
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     full = load_workload(workload)
     run_workload = scaled(full, scale)
@@ -128,11 +123,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift,
     )
-    backend_options: dict[str, Any] = {"io": io_mode}
-    if target.startswith("s3://"):
-        backend_options = {"endpoint_url": endpoint_url, "part_size": parse_size(part_size, "--part-size"),
-                           "checksum": s3_checksum, "concurrency": options.threads}
-    backend = open_backend(target, backend_options)
+    backend = open_backend(target, build_backend_options(target, options.threads, backend_cli))
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = int(sum(int(plan.rank_bytes()[r]) for r in selected))
     total = per_iter * iterations * (1 if no_restore else 2)

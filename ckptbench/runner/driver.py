@@ -45,7 +45,7 @@ def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> lis
 
 
 def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
-                    error: BaseException | None) -> dict[str, Any]:
+                    error: BaseException | None, backend_stats: dict[str, int]) -> dict[str, Any]:
     job_rank = {j.index: j.rank for j in jobs}
     offset = comm.clock_offset_ns()
     ops = [(op, f, job_rank[f], t, n, a + offset, b + offset)
@@ -56,6 +56,7 @@ def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm
         "mismatches": [m for r in results for m in r.mismatches],
         "error": describe_error(error) if error else None,
         "host": comm.host(),
+        "backend_stats": backend_stats,
     }
 
 
@@ -77,6 +78,10 @@ def _records(plan: Plan, iteration: int, phase: str,
             rec["start_ns"] = min(rec["start_ns"], a)
             rec["end_ns"] = max(rec["end_ns"], b)
             rec[f"{op}_s"] += (b - a) / 1e9
+    for payload in gathered:  # backend counters (retries...) go to the process's first rank
+        ranks_of_proc = sorted({op[2] for op in payload["ops"]})
+        if ranks_of_proc and payload.get("backend_stats"):
+            per_rank[ranks_of_proc[0]]["backend"] = payload["backend_stats"]
     out += [per_rank[r] for r in sorted(per_rank)]
     return out
 
@@ -99,7 +104,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             err = first_error(results)
         except BaseException as exc:  # noqa: BLE001 - decided together below
             results, err = [], exc
-        gathered = comm.gather(_thread_payload(results, jobs, comm, err))
+        gathered = comm.gather(_thread_payload(results, jobs, comm, err, backend.stats()))
         decision: dict[str, Any] = {"ok": True}
         if coordinator:
             assert gathered is not None
@@ -133,7 +138,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 rerr = first_error(rresults)
             except BaseException as exc:  # noqa: BLE001
                 rresults, rerr = [], exc
-            payload = _thread_payload(rresults, rjobs, comm, rerr)
+            payload = _thread_payload(rresults, rjobs, comm, rerr, backend.stats())
             if manifest_t is not None:
                 off = comm.clock_offset_ns()
                 payload["manifest"] = (manifest_t[0] + off, manifest_t[1] + off)
