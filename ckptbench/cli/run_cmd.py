@@ -130,13 +130,15 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
     console = Console(stderr=True)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
                      results=results_path, scale=scale)
-    console.print(f"[bold]{full.name}[/]: {len(selected)} of {plan.world_size} ranks, "
-                  f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}")
+
+    def banner() -> None:
+        click.echo(f"{full.name}: {len(selected)} of {plan.world_size} ranks, "
+                   f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}")
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        execute(req, on_progress=lambda n: progress.advance(task, n))
+        execute(req, on_progress=lambda n: progress.advance(task, n), on_start=banner)
     loaded = [report_mod.load(str(results_path))]
     if as_json:
         click.echo(json.dumps({"results": str(results_path), "summary": loaded[0]["summary"]}, indent=2))

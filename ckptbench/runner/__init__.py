@@ -52,14 +52,25 @@ def run_record(req: RunRequest, launcher: str) -> dict[str, Any]:
     }
 
 
-def execute(req: RunRequest, on_progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Run locally (one process per plan rank); return the summary records written."""
+def execute(req: RunRequest, on_progress: Callable[[int], None] | None = None,
+            on_start: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run locally (one process per plan rank); return the summary records written.
+
+    `on_start` is called once the target and the results file are known to be usable.
+    """
     from ckptbench.records import read_records
     from ckptbench.runner.local import run_local
 
     writer = ResultsWriter(req.results)
     writer.open()
-    req.backend.prepare()
+    try:
+        req.backend.prepare()
+    except BaseException:
+        writer.close()
+        req.results.unlink()
+        raise
+    if on_start:
+        on_start()
     try:
         writer.write(run_record(req, "local"))
         writer.flush()

@@ -1,0 +1,7 @@
+"""`python -m ckptbench`."""
+
+import sys
+
+from ckptbench.cli import main
+
+sys.exit(main())
