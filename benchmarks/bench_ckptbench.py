@@ -1,0 +1,110 @@
+"""asv benchmarks: save/restore throughput (GB/s) through the same runner as the CLI,
+plan building at the Llama 3 cluster's scale, and payload generation speed.
+
+    asv run --python=same --quick
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ckptbench.backends import open_backend
+from ckptbench.payload import PayloadGenerator, Region
+from ckptbench.plan import build_plan
+from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id
+from ckptbench.spec import load_workload, scaled
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
+# Where save/restore benchmarks write; point it at the storage to measure.
+TARGET_ROOT = os.environ.get("CKPTBENCH_ASV_TARGET", tempfile.gettempdir())
+
+CASES = {
+    # name: (workload file, --scale, ranks)
+    "tiny": ("tiny.toml", 1, [0, 1, 2, 3]),
+    "llama3-8b/scale8/2-ranks": ("llama3-8b-fsdp2-8.toml", 8, [0, 1]),
+}
+
+
+def _run(case: str, io: str) -> dict[str, float]:
+    name, scale, ranks = CASES[case]
+    full = load_workload(WORKLOADS / name)
+    plan = build_plan(scaled(full, scale))
+    work = Path(tempfile.mkdtemp(prefix="ckptbench-asv-", dir=TARGET_ROOT))
+    try:
+        options = RunOptions(iterations=1, run_id=new_run_id())
+        backend = open_backend(str(work / "target"), {"io": io})
+        req = RunRequest(workload=full, plan=plan, ranks=ranks, backend=backend, options=options,
+                         results=work / "results.jsonl", scale=scale)
+        summary = execute(req)
+        return {s["phase"]: s["throughput_bytes_per_s"] / 1e9 for s in summary}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class SaveRestore:
+    """Aggregate save and restore throughput, GB/s (1e9 bytes/s), buffered I/O."""
+
+    params = (list(CASES), ["buffered", "direct"])
+    param_names = ["workload", "io"]
+    unit = "GB/s"
+    number = 1
+    repeat = 1
+    timeout = 600
+
+    def setup_cache(self):
+        return {f"{c}|{io}": _run(c, io) for c in CASES for io in ("buffered", "direct")}
+
+    def track_save(self, cache, case, io):
+        return cache[f"{case}|{io}"]["save"]
+
+    def track_restore(self, cache, case, io):
+        return cache[f"{case}|{io}"]["restore"]
+
+    track_save.unit = "GB/s"
+    track_restore.unit = "GB/s"
+
+
+class Plan:
+    """Plan building for llama3.1-405b on 16,384 ranks (the Llama 3 cluster)."""
+
+    timeout = 300
+
+    def setup(self):
+        self.workload = load_workload(WORKLOADS / "llama3.1-405b-tp8-pp16-fsdp-16384.toml")
+
+    def time_plan_405b_16384_ranks(self):
+        build_plan(self.workload)
+
+    def peakmem_plan_405b_16384_ranks(self):
+        build_plan(self.workload)
+
+
+class Payload:
+    """Payload generation speed per core (GB/s): must never be the bottleneck."""
+
+    params = ["random", "realistic"]
+    param_names = ["mode"]
+
+    def setup(self, mode):
+        self.gen = PayloadGenerator(mode, seed=1)
+        self.buf = np.empty(64 << 20, dtype=np.uint8)
+        self.regions = [Region(0, 1 << 40, "model.layers.0.attention.wq.weight", "bfloat16")]
+
+    def track_generate_gbps(self, mode):
+        start = time.perf_counter()
+        for i in range(8):
+            self.gen.fill(12345, self.regions, i * len(self.buf), self.buf)
+        return 8 * len(self.buf) / (time.perf_counter() - start) / 1e9
+
+    track_generate_gbps.unit = "GB/s"
+
+
+if __name__ == "__main__":  # a quick look without asv
+    print(json.dumps({c: _run(c, "buffered") for c in CASES}, indent=1))

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""ckptbench against fio on the same directory: same files, same bytes, same concurrency.
+
+For each plan rank that ckptbench runs, fio gets one job section writing a file of
+exactly that rank's bytes (one data file per rank, DCP style), all jobs at once, with
+the same block size. Modes, each compared like with like:
+
+* buffered: fio --direct=0 --ioengine=psync --end_fsync=1  vs  ckptbench --io buffered
+* direct:   fio --direct=1 --ioengine=psync                vs  ckptbench --io direct
+* reads of what each wrote, after evicting the page cache (fio invalidate=1 plus
+  drop_caches when permitted; ckptbench's own cache rules).
+
+Runs alternate (fio, ckptbench, fio, ...) so drift hits both; the ratio printed is
+ckptbench's median over fio's median. fio bandwidth is total bytes / slowest job's time
+(group_reporting), which is ckptbench's aggregate definition too.
+
+    python benchmarks/vs_fio.py --dir /mnt/nvme/bench --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckptbench.plan import build_plan  # noqa: E402
+from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> str:
+    lines = ["[global]", f"directory={directory}", f"rw={rw}", f"bs={bs}", "ioengine=psync",
+             f"direct={int(direct)}", "end_fsync=1" if rw == "write" else "invalidate=1",
+             "group_reporting=1", "thread=0", ""]
+    for i, size in enumerate(sizes):
+        lines += [f"[rank{i}]", f"filename=rank{i}.fio", f"size={size}", ""]
+    return "\n".join(lines)
+
+
+def run_fio(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> float:
+    job = directory / f"job-{rw}.fio"
+    job.write_text(fio_jobfile(directory, sizes, bs, direct, rw))
+    out = subprocess.run(["fio", "--output-format=json", str(job)], capture_output=True,
+                         text=True, check=True)
+    data = json.loads(out.stdout[out.stdout.index("{"):])
+    side = data["jobs"][0]["write" if rw == "write" else "read"]
+    return float(side["bw_bytes"])
+
+
+def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,
+                  direct: bool) -> tuple[float, float]:
+    results = directory / "ckptbench.jsonl"
+    results.unlink(missing_ok=True)
+    target = directory / "ckptbench"
+    subprocess.run([sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
+                    str(target), "--scale", str(scale), "--ranks", ranks, "--block-size", str(bs),
+                    "--io", "direct" if direct else "buffered", "--results", str(results),
+                    "--json"], check=True, capture_output=True, text=True, cwd=ROOT)
+    summaries = {}
+    for line in results.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "summary":
+            summaries[rec["phase"]] = rec["throughput_bytes_per_s"]
+    return summaries["save"], summaries["restore"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=None, help="directory on the storage to test (default: a temp dir)")
+    ap.add_argument("--workload", type=Path, default=ROOT / "workloads" / "llama3-8b-fsdp2-8.toml")
+    ap.add_argument("--scale", type=int, default=4)
+    ap.add_argument("--ranks", default="0-1")
+    ap.add_argument("--bs", type=int, default=8 << 20)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", default="buffered,direct")
+    args = ap.parse_args()
+    if not shutil.which("fio"):
+        print("fio is not installed (apt-get install fio)", file=sys.stderr)
+        return 2
+    plan = build_plan(scaled(load_workload(args.workload), args.scale))
+    ranks = parse_ranks(args.ranks, plan.world_size)
+    sizes = [int(plan.rank_bytes()[r]) for r in ranks]
+    base = args.dir or Path(tempfile.mkdtemp(prefix="vs_fio-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"workload {args.workload.name} --scale {args.scale} --ranks {args.ranks}: "
+          f"{len(sizes)} files/jobs, {sum(sizes) / 2**30:.3f} GiB, bs {args.bs >> 20} MiB, dir {base}")
+    rows = []
+    for mode in args.modes.split(","):
+        direct = mode == "direct"
+        fio_w, fio_r, ck_w, ck_r = [], [], [], []
+        for _ in range(args.repeat):
+            fdir = base / "fio"
+            fdir.mkdir(exist_ok=True)
+            drop_caches()
+            fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
+            drop_caches()
+            fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
+            shutil.rmtree(fdir)
+            drop_caches()
+            w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs, direct)
+            ck_w.append(w)
+            ck_r.append(r)
+        for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
+            fm, cm = statistics.median(f), statistics.median(c)
+            rows.append((mode, phase, fm, cm, cm / fm, f, c))
+    print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s}   runs (fio | ckptbench)")
+    for mode, phase, fm, cm, ratio, f, c in rows:
+        runs = " ".join(f"{x / 1e9:.2f}" for x in f) + " | " + " ".join(f"{x / 1e9:.2f}" for x in c)
+        print(f"{mode:9s} {phase:8s} {fm / 1e9:9.3f} {cm / 1e9:10.3f} {ratio:6.2f}   {runs}")
+    if args.dir is None:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
