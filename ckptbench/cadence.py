@@ -557,6 +557,29 @@ def summaries_from_results(path: str | Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def workload_from_results(path: str | Path) -> Workload | None:
+    """The full-size workload a results file was measured for (its ``run`` record)."""
+    from ckptbench.spec import parse_workload
+
+    try:
+        with Path(path).open() as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return None
+    data = first.get("workload") if isinstance(first, dict) and first.get("type") == "run" else None
+    if not isinstance(data, dict):
+        return None
+    tables = {k: v for k, v in data.items() if k in ("model", "state", "parallel", "checkpoint")}
+    tables["model"] = {k: v for k, v in tables.get("model", {}).items()
+                       if v or k in ("name", "layers", "dim", "heads", "kv_heads", "ffn_dim",
+                                     "vocab_size")}
+    tables["workload"] = {"name": data.get("name", "workload")}
+    try:
+        return parse_workload(tables)
+    except SpecError:
+        return None
+
+
 def _throughput(record: Mapping[str, Any], where: str) -> tuple[float, int]:
     """Measured bytes/s and node count of one summary record, validated."""
     rate = record.get("throughput_bytes_per_s")

@@ -197,6 +197,12 @@ def cadence_command(results: Path | None, workload_path: str | None,
         if aggregate_bandwidth else None
 
     scaled = None
+    if results is not None and checkpoint_bytes is None:
+        workload = cadence.workload_from_results(results)  # the run's own full-size job
+        if workload is not None:
+            checkpoint_bytes = float(cadence.workload_checkpoint_bytes(workload))
+            if gpus is None:
+                gpus = workload.parallel.world_size
     if results is not None:
         if checkpoint_bytes is None:
             raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")

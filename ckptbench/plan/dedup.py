@@ -2,7 +2,8 @@
 
 This follows torch.distributed.checkpoint's ``dedup_save_plans``: walk every write item
 in the order the ranks' plans list them (rank 0's items, then items first seen on rank 1,
-...), add each item's size (at least 1) to the plan that keeps it, and give a replicated
+...), add each item's weight -- its *global* tensor bytes, 1 for a non-tensor
+item -- to the plan that keeps it, and give a replicated
 item to the holder whose plan is smallest at that moment; ties go to the first holder
 in Python set order, as ``min`` over the set does in torch.
 
@@ -21,16 +22,19 @@ def assign_writers(
     first_holder: np.ndarray,
     holder_ptr: np.ndarray,
     holders: np.ndarray,
-    nbytes: np.ndarray,
+    weight: np.ndarray,
     world_size: int,
 ) -> np.ndarray:
-    """Writer rank of each item; items must be in stream order (block, then plan order)."""
+    """Writer rank of each item; items must be in stream order (block, then plan order).
+
+    `weight` is what DCP adds to a plan per item: the global tensor bytes (1 for
+    non-tensor items)."""
     writer = first_holder.astype(np.int32).copy()
     counts = np.diff(holder_ptr)
     replicated = np.flatnonzero(counts > 1)
     if len(replicated) == 0:
         return writer
-    size = np.maximum(nbytes, 1).astype(np.int64)
+    size = np.maximum(weight, 1).astype(np.int64)
     unique_size = np.where(counts == 1, size, 0)
     before = np.cumsum(unique_size) - unique_size  # unique bytes earlier in the stream
     block_start = np.searchsorted(first_holder, first_holder, side="left")

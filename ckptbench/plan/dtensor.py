@@ -15,12 +15,18 @@ from ckptbench.models import TensorDef, model_tensors
 from ckptbench.plan.core import Plan, StateKey, finalize
 from ckptbench.plan.dedup import assign_writers
 from ckptbench.plan.expert import ep_splits
-from ckptbench.plan.files import chunk_file_name, dcp_buckets, dcp_file_name
+from ckptbench.plan.files import (
+    SHARED_FILE_NAME,
+    chunk_file_name,
+    dcp_buckets,
+    dcp_file_name,
+    per_rank_file_name,
+)
 from ckptbench.plan.fsdp import fsdp_splits
 from ckptbench.plan.mesh import StageMesh, stage_mesh
 from ckptbench.plan.pipeline import split_by_stage
 from ckptbench.plan.sharding import MAX_DIMS, chunk_geometry, numel
-from ckptbench.plan.state import StateEntry, model_entry, optimizer_entries
+from ckptbench.plan.state import PARAM_GROUP_ITEMS, StateEntry, model_entry, optimizer_entries
 from ckptbench.plan.tensor_parallel import tp_splits
 from ckptbench.spec import DTYPE_BYTES, Workload
 
@@ -114,6 +120,24 @@ def build_dtensor_plan(w: Workload) -> Plan:
     first = np.concatenate(items.first)
     count = np.concatenate(items.count)
     holders = np.concatenate(items.holders)
+    # DCP weighs each write item by its *global* tensor bytes when balancing writers.
+    global_bytes = np.array([int(np.prod(k.global_shape, dtype=np.int64)) * k.itemsize
+                             for k in keys], dtype=np.int64)
+    weight = global_bytes[key]
+    if w.state.optimizer == "adamw":
+        # The optimizer's param_groups entries are non-tensor items every rank holds,
+        # last in each plan; DCP counts each as 1 byte. They are not written here, but
+        # they take part in the writer choice so that ties break as in DCP.
+        extra = len(PARAM_GROUP_ITEMS)
+        everyone = np.arange(p.world_size, dtype=np.int32)
+        key = np.concatenate([key, np.arange(len(keys), len(keys) + extra, dtype=np.int32)])
+        offsets = np.concatenate([offsets, np.zeros((extra, offsets.shape[1]), dtype=np.int64)])
+        sizes = np.concatenate([sizes, np.ones((extra, sizes.shape[1]), dtype=np.int64)])
+        nbytes = np.concatenate([nbytes, np.zeros(extra, dtype=np.int64)])
+        weight = np.concatenate([weight, np.ones(extra, dtype=np.int64)])
+        first = np.concatenate([first, np.zeros(extra, dtype=np.int32)])
+        count = np.concatenate([count, np.full(extra, p.world_size)])
+        holders = np.concatenate([holders, np.tile(everyone, extra)])
     holder_ptr = np.concatenate([[0], np.cumsum(count)])
 
     # Stream order: by first holder, then plan order (key id) within the holder's plan.
@@ -121,8 +145,10 @@ def build_dtensor_plan(w: Workload) -> Plan:
     holder_index = _gather_ranges(holder_ptr, order)
     counts_sorted = count[order]
     ptr_sorted = np.concatenate([[0], np.cumsum(counts_sorted)])
-    writer = assign_writers(first[order], ptr_sorted, holders[holder_index], nbytes[order],
+    writer = assign_writers(first[order], ptr_sorted, holders[holder_index], weight[order],
                             p.world_size)
+    real = key[order] < len(keys)
+    order, writer = order[real], writer[real]
     key, offsets, sizes, nbytes = key[order], offsets[order], sizes[order], nbytes[order]
 
     # Each rank's items in plan order (key id), then grouped into files.
@@ -135,6 +161,13 @@ def build_dtensor_plan(w: Workload) -> Plan:
         chunk_file = np.arange(len(key), dtype=np.int64)
         file_rank = writer
         # Files must be listed rank by rank: they already are (sorted by writer).
+    elif files in ("per-rank", "shared"):
+        # One entry per rank, items in plan order: N-N files, or N-1 regions of one file
+        # (plan.files.region_layout places them).
+        chunk_file = writer.astype(np.int64)
+        file_paths = [per_rank_file_name(r) if files == "per-rank" else SHARED_FILE_NAME
+                      for r in range(p.world_size)]
+        file_rank = np.arange(p.world_size)
     else:
         threads = w.checkpoint.threads
         chunk_file = writer.astype(np.int64) * threads
@@ -146,9 +179,9 @@ def build_dtensor_plan(w: Workload) -> Plan:
                 a, b = int(rank_start[r]), int(rank_start[r + 1])
                 if a == b:
                     continue
-                within[a:b] = dcp_buckets(nbytes[a:b], threads)
+                within[a:b] = dcp_buckets(global_bytes[key[a:b]], threads)
                 # Inside a bucket DCP writes items largest first (its sort order).
-                reorder[a:b] = a + np.argsort(-nbytes[a:b], kind="stable")
+                reorder[a:b] = a + np.argsort(-global_bytes[key[a:b]], kind="stable")
             chunk_file += within
             key, offsets, sizes, nbytes, chunk_file = (
                 a[reorder] for a in (key, offsets, sizes, nbytes, chunk_file))

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from ckptbench.models import TensorDef
 from ckptbench.spec import StateSpec
 
+# Non-tensor entries DCP saves for an AdamW param group (pickled, tiny).
+PARAM_GROUP_ITEMS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach",
+                     "capturable", "differentiable", "fused", "decoupled_weight_decay", "params")
+
 
 @dataclass(frozen=True)
 class StateEntry:
