@@ -18,7 +18,8 @@ from ckptbench.errors import SpecError
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 LAYOUTS = ("fsdp2", "megatron-deepspeed")
-FILE_GROUPINGS = ("dcp", "per-chunk", "megatron")
+FILE_GROUPINGS = ("dcp", "per-chunk", "per-rank", "shared", "megatron")
+STRIPE_ALIGN = 4096  # stripe_size must be a multiple: shared-file regions stay O_DIRECT-aligned
 OPTIMIZERS = ("adamw", "none")
 
 
@@ -84,8 +85,12 @@ class ParallelSpec:
 class CheckpointSpec:
     """How the chunks become files or objects."""
 
-    files: str = "dcp"  # dcp | per-chunk | megatron
+    files: str = "dcp"  # dcp | per-chunk | per-rank | shared | megatron
     threads: int = 1  # DCP writer threads: data files per rank
+    # shared (N-1): each rank's region starts at a multiple of stripe_size; on Lustre and
+    # BeeGFS also the stripe (chunk) size set when stripe_count != 0.
+    stripe_size: int = 1 << 20
+    stripe_count: int = 0  # 0: leave the file system's layout alone; -1: all targets
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("name", *_MODEL_INT_KEYS),
     "state": ("param_dtype", "master_dtype", "optimizer", "optimizer_dtype"),
     "parallel": ("world_size", "layout", "tp", "pp", "dp_replicate", "ep", "zero_stage"),
-    "checkpoint": ("files", "threads"),
+    "checkpoint": ("files", "threads", "stripe_size", "stripe_count"),
 }
 
 
@@ -269,11 +274,18 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     checkpoint = CheckpointSpec(
         files=_choice(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
         threads=_int(ckpt_table, "checkpoint", "threads", 1),
+        stripe_size=_int(ckpt_table, "checkpoint", "stripe_size", 1 << 20, minimum=STRIPE_ALIGN),
+        stripe_count=_int(ckpt_table, "checkpoint", "stripe_count", 0, minimum=-1),
     )
+    if checkpoint.stripe_size % STRIPE_ALIGN:
+        raise SpecError(
+            f"[checkpoint] stripe_size = {checkpoint.stripe_size} must be a multiple of"
+            f" {STRIPE_ALIGN} (e.g. 1048576)"
+        )
     if (checkpoint.files == "megatron") != (parallel.layout == "megatron-deepspeed"):
         raise SpecError(
             f"[checkpoint] files = {checkpoint.files!r} does not fit layout {parallel.layout!r};"
-            f" allowed: {'megatron' if parallel.layout == 'megatron-deepspeed' else 'dcp, per-chunk'}"
+            f" allowed: {'megatron' if parallel.layout == 'megatron-deepspeed' else 'dcp, per-chunk, per-rank, shared'}"
         )
     return Workload(
         name=str(meta.get("name", name)),

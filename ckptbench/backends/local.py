@@ -5,7 +5,15 @@ Two I/O modes, chosen per run and recorded:
 * ``buffered`` (default): write() + fsync(), what torch.save and DCP do;
 * ``direct``: O_DIRECT with aligned buffers: the device ceiling, no page cache.
 
-New files are created with O_EXCL, so nothing that exists is ever overwritten.
+New files are created with O_EXCL, so nothing that exists is ever overwritten. A file
+that several ranks share (N-1) is created once, empty, by the coordinator
+(:meth:`LocalBackend.create_shared`, before the clock starts); each rank then opens it
+without O_CREAT/O_TRUNC and writes its own region with pwrite
+(:meth:`LocalBackend.open_write_region`).
+
+Striping hints for parallel file systems (:func:`apply_striping`): ``lfs setstripe`` on
+Lustre, ``beegfs-ctl --setpattern`` on BeeGFS, applied to the run's directory when the
+tool is on PATH, and always recorded (what ran, or why nothing did).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import contextlib
 import errno
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,15 +55,24 @@ def os_error(path: str | Path, exc: OSError) -> BackendError:
 
 
 class _FileWriter(WriteHandle):
-    def __init__(self, path: Path, size: int, direct: bool) -> None:
+    """A new file written from offset 0; or, with `region`, a region of an existing file
+    shared with other writers: (offset, size of the whole file)."""
+
+    def __init__(self, path: Path, size: int, direct: bool,
+                 region: tuple[int, int] | None = None) -> None:
         self.path = path
         self.size = size
         self.written = 0
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self.positioned = region is not None
+        self.offset, self.file_size = region if region else (0, size)
+        flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+        if region is None:
+            flags |= os.O_CREAT | os.O_EXCL
         if direct:
             flags |= os.O_DIRECT
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if region is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(path, flags, 0o644)
         except OSError as exc:
             if direct and exc.errno == errno.EINVAL:
@@ -67,7 +85,10 @@ class _FileWriter(WriteHandle):
     def write(self, data: memoryview) -> None:
         try:
             while len(data):
-                n = os.write(self.fd, data)
+                if self.positioned:
+                    n = os.pwrite(self.fd, data, self.offset + self.written)
+                else:
+                    n = os.write(self.fd, data)
                 self.written += n
                 data = data[n:]
         except OSError as exc:
@@ -75,8 +96,10 @@ class _FileWriter(WriteHandle):
 
     def sync(self) -> None:
         try:
-            if self.written > self.size:  # direct I/O padded the last block
-                os.ftruncate(self.fd, self.size)
+            # Direct I/O padded the last block: only padding past the end of the file is
+            # cut (a shared file's regions are aligned, so padding never reaches the next).
+            if self.written and self.offset + self.written > self.file_size:
+                os.ftruncate(self.fd, self.file_size)
             os.fsync(self.fd)
         except OSError as exc:
             raise os_error(self.path, exc) from None
@@ -118,7 +141,8 @@ def _fsync_dir(path: Path) -> None:
 
 class LocalBackend(Backend):
     name = "local"
-    capabilities: ClassVar[frozenset[str]] = frozenset({"direct", "fadvise", "drop_caches"})
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"direct", "fadvise", "drop_caches", "shared-file", "striping"})
 
     def __init__(self, target: str, options: dict[str, Any] | None = None) -> None:
         super().__init__(target, options)
@@ -183,6 +207,35 @@ class LocalBackend(Backend):
 
     def open_read(self, key: str) -> ReadHandle:
         return _FileReader(self._path(key), self.direct)
+
+    # --- one file, several writers (N-1) ---
+    def create_shared(self, key: str, size: int) -> None:
+        """Create the empty shared file (O_EXCL: never an existing one); writers open it next."""
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                             0o644))
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        del size  # not pre-sized: the writers extend it, as a framework's writers would
+
+    def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> WriteHandle:
+        """Write `size` bytes at `offset` of the shared file `key` (of `file_size` bytes)."""
+        if self.direct and offset % DIRECT_ALIGN:
+            raise BackendError(f"{self._path(key)}: region offset {offset} is not aligned to "
+                               f"{DIRECT_ALIGN} bytes for --io direct")
+        return _FileWriter(self._path(key), size, self.direct, region=(offset, file_size))
+
+    def set_striping(self, prefix: str, stripe_size: int, stripe_count: int) -> dict[str, Any]:
+        """Create directory `prefix` and set its striping for the files made under it."""
+        path = self._path(prefix)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        fs_type = filesystem_info(path).get("fs_type", "unknown")
+        return apply_striping(path, fs_type, stripe_size, stripe_count)
 
     def put_atomic(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -282,3 +335,48 @@ def filesystem_info(path: Path) -> dict[str, Any]:
                 rotational = sys_dev / ".." / "queue" / "rotational"
             best["rotational"] = rotational.read_text().strip() == "1"
     return best
+
+
+STRIPE_TOOLS = {"lustre": "lfs", "beegfs": "beegfs-ctl"}
+
+
+def striping_command(tool: str, fs_type: str, path: Path, stripe_size: int,
+                     stripe_count: int) -> list[str]:
+    """The command that sets `path`'s default layout (files created in it inherit it)."""
+    if fs_type == "lustre":
+        return [tool, "setstripe", "-S", str(stripe_size), "-c", str(stripe_count), str(path)]
+    # BeeGFS has no "all targets" value: -1 leaves the directory's target count as it is.
+    cmd = [tool, "--setpattern", f"--chunksize={stripe_size // 1024}k"]
+    if stripe_count > 0:
+        cmd.append(f"--numtargets={stripe_count}")
+    return [*cmd, str(path)]
+
+
+def apply_striping(path: Path, fs_type: str, stripe_size: int, stripe_count: int,
+                   timeout_s: float = 60.0) -> dict[str, Any]:
+    """Set the stripe size and count of directory `path` where the platform has a tool for
+    it; say what was applied, or why nothing was (recorded in the run record).
+
+    stripe_count 0 means "leave the file system's layout alone" (nothing runs).
+    """
+    record: dict[str, Any] = {"fs_type": fs_type, "stripe_size": stripe_size,
+                              "stripe_count": stripe_count, "applied": False}
+    if stripe_count == 0:
+        return {**record, "reason": "not requested ([checkpoint] stripe_count = 0)"}
+    tool_name = STRIPE_TOOLS.get(fs_type)
+    if tool_name is None:
+        return {**record, "reason": f"not available on {fs_type} (Lustre and BeeGFS only)"}
+    tool = shutil.which(tool_name)
+    if tool is None:
+        return {**record, "reason": f"not available: {tool_name} is not on PATH"}
+    cmd = striping_command(tool, fs_type, path, stripe_size, stripe_count)
+    record["command"] = [tool_name, *cmd[1:]]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {**record, "reason": f"{tool_name} failed: {exc}"}
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        return {**record, "reason": f"{tool_name} exited with {proc.returncode}"
+                + (f": {detail[-1]}" if detail else "")}
+    return {**record, "applied": True}

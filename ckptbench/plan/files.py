@@ -92,9 +92,11 @@ def region_layout(file_paths: tuple[str, ...] | list[str], file_bytes: np.ndarra
         offset = end = 0
         for f in entries:
             base[f] = offset
-            end = offset + int(file_bytes[f])
-            offset = -(-end // align) * align
-        shared[path] = end
+            n = int(file_bytes[f])
+            if n:
+                end = offset + n
+                offset = -(-end // align) * align
+        shared[path] = end  # the end of the last byte written (empty regions add nothing)
     base.flags.writeable = False
     return RegionLayout(base, shared)
 

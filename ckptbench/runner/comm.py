@@ -2,7 +2,13 @@
 
 The engine only ever calls barrier, gather (to process 0) and bcast (from process 0),
 collectively and in the same order on every process, so a message can never be taken
-for another. Local processes implement it with multiprocessing; MPI with mpi4py.
+for another. Local processes implement it with multiprocessing (:class:`ProcessComm`);
+MPI ranks with mpi4py (:class:`ckptbench.runner.mpi.MPIComm`).
+
+Clocks: every timestamp a process reports is its ``perf_counter_ns`` plus
+:meth:`Comm.clock_offset_ns`, so records of all processes share process 0's time base.
+Processes on one host share CLOCK_MONOTONIC (offset 0); MPI measures each other node's
+offset before the run (and again after it, for the record).
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class Comm(ABC):
         import socket
 
         return socket.gethostname()
+
+    def abort(self, code: int = 1) -> None:
+        """Stop every process of the group now (a peer failed outside a collective)."""
+        return None
 
 
 class SingleComm(Comm):
@@ -101,5 +111,5 @@ class ProcessComm(Comm):
             return obj
         return self._get(self._inboxes[self.rank])
 
-    def abort(self) -> None:
+    def abort(self, code: int = 1) -> None:
         self._barrier.abort()

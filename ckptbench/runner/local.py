@@ -21,6 +21,9 @@ from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
 from ckptbench.runner.engine import RunOptions, describe_error
 
+GRACE_S = 5.0  # after a process fails, how long the others get to report before being stopped
+COORDINATED_EXIT = (1, 2)  # exit codes of processes that reported their error
+
 
 def _child(index: int, size: int, plan: Plan, ranks: list[int], backend: Backend,
            options: RunOptions, writer: ResultsWriter | None, barrier: Any, inboxes: list[Any],
@@ -46,6 +49,8 @@ def _child(index: int, size: int, plan: Plan, ranks: list[int], backend: Backend
     finally:
         if writer is not None:
             writer.flush()
+        errors.close()
+        errors.join_thread()  # the message must reach the parent before _exit
     os._exit(code)
 
 
@@ -68,19 +73,23 @@ def run_local(plan: Plan, ranks: list[int], backend: Backend, options: RunOption
     for p in procs:
         p.start()
     reported = 0
-    failed_at: float | None = None
+    first_dead: tuple[int, int] | None = None  # (process index, exit code)
+    failed_at = 0.0
     try:
         while any(p.is_alive() for p in procs):
-            time.sleep(0.1)
+            time.sleep(0.05)
             done = sum(progress)
             if on_progress and done != reported:
                 on_progress(done - reported)
                 reported = done
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead and failed_at is None:
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > 30:
-                barrier.abort()
+            if first_dead is None:
+                for i, p in enumerate(procs):
+                    if p.exitcode not in (None, 0):
+                        # Wake peers blocked in a barrier or a gather with this process.
+                        first_dead, failed_at = (i, p.exitcode), time.monotonic()
+                        barrier.abort()
+                        break
+            elif time.monotonic() - failed_at > GRACE_S:
                 for p in procs:
                     if p.is_alive():
                         p.terminate()
@@ -92,14 +101,18 @@ def run_local(plan: Plan, ranks: list[int], backend: Backend, options: RunOption
     finally:
         for p in procs:
             p.join()
-    codes = [p.exitcode for p in procs]
-    if all(c == 0 for c in codes):
+    if first_dead is None and all(p.exitcode == 0 for p in procs):
         return
-    kind, message = "internal", f"rank process exited with status {codes}"
-    try:
-        kind, message = errors.get(timeout=1.0)
-    except Exception:  # noqa: BLE001 - no message: a process died without one
-        died = [ranks[i] for i, c in enumerate(codes) if c and c < 0]
-        if died:
-            message = f"rank {died[0]} died (signal {-codes[ranks.index(died[0])]})"
+    reports = []
+    while True:
+        try:
+            reports.append(errors.get(timeout=0.5))
+        except Exception:  # noqa: BLE001 - queue drained
+            break
+    index, code = first_dead if first_dead else (0, procs[0].exitcode or 1)
+    if code not in COORDINATED_EXIT or not reports:
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        kind, message = "internal", f"rank {ranks[index]} died ({how}); the run was stopped"
+    else:
+        kind, message = reports[0]
     raise RunFailed(message, kind)
