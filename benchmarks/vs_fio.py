@@ -10,6 +10,10 @@ the same block size. Modes, each compared like with like:
 * reads of what each wrote, after evicting the page cache (fio invalidate=1 plus
   drop_caches when permitted; ckptbench's own cache rules).
 
+Like fio, whose buffers are filled before it starts, ckptbench is given a --prefill large
+enough to generate each rank's payload before its clock starts; the bytes are still
+unique per block, file and iteration, and every byte is verified on restore.
+
 Runs alternate (fio, ckptbench, fio, ...) so drift hits both; the ratio printed is
 ckptbench's median over fio's median. fio bandwidth is total bytes / slowest job's time
 (group_reporting), which is ckptbench's aggregate definition too.
@@ -20,6 +24,7 @@ ckptbench's median over fio's median. fio bandwidth is total bytes / slowest job
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -37,10 +42,8 @@ from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
 
 def drop_caches() -> None:
     subprocess.run(["sync"], check=False)
-    try:
+    with contextlib.suppress(OSError):  # not root: fio's invalidate=1 still applies
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
 
 
 def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> str:
@@ -63,13 +66,14 @@ def run_fio(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -
 
 
 def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,
-                  direct: bool) -> tuple[float, float]:
+                  direct: bool, prefill: int) -> tuple[float, float]:
     results = directory / "ckptbench.jsonl"
     results.unlink(missing_ok=True)
     target = directory / "ckptbench"
     subprocess.run([sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
                     str(target), "--scale", str(scale), "--ranks", ranks, "--block-size", str(bs),
                     "--io", "direct" if direct else "buffered", "--results", str(results),
+                    "--prefill", str(prefill),
                     "--json"], check=True, capture_output=True, text=True, cwd=ROOT)
     summaries = {}
     for line in results.read_text().splitlines():
@@ -112,7 +116,8 @@ def main() -> int:
             fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
             shutil.rmtree(fdir)
             drop_caches()
-            w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs, direct)
+            w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs, direct,
+                                 max(sizes) + args.bs)
             ck_w.append(w)
             ck_r.append(r)
         for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):

@@ -17,7 +17,7 @@ import numpy as np
 
 from ckptbench.records import read_records
 
-LATENCY_OPS = ("open", "write", "fsync", "close", "read")
+LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -82,8 +82,33 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "commit_s": (commit[1] - commit[0]) / 1e9 if commit else None,
             "cache": phase_rec.get("cache"),
             "latency": lat,
+            **stored_stats(rs, seconds),
         })
     return out
+
+
+def stored_stats(ranks: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Stored (encoded) bytes, compression ratio and stored throughput of one iteration's
+    phase, when its ops recorded stored bytes (the zarr format); else nothing."""
+    if not any("stored_bytes" in r for r in ranks):
+        return {}
+    logical = sum(r["bytes"] for r in ranks)
+    stored = sum(r.get("stored_bytes", 0) for r in ranks)
+    return {"stored_bytes": stored, "compression_ratio": logical / stored if stored else None,
+            "stored_throughput_bytes_per_s": stored / seconds}
+
+
+def stored_summary(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of stored_stats over iterations (summary fields), when present."""
+    if not sel or "stored_bytes" not in sel[0]:
+        return {}
+    ratios = [i["compression_ratio"] for i in sel if i.get("compression_ratio")]
+    return {
+        "stored_bytes": sel[0]["stored_bytes"],
+        "compression_ratio": statistics.median(ratios) if ratios else None,
+        "stored_throughput_bytes_per_s": statistics.median(
+            i["stored_throughput_bytes_per_s"] for i in sel),
+    }
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,6 +145,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "nodes": sel[0]["nodes"],
             "cache": sel[0]["cache"],
             "latency": lat,
+            **stored_summary(sel),
         })
     return out
 

@@ -23,9 +23,10 @@ from ckptbench import report as report_mod
 from ckptbench.backends import open_backend
 from ckptbench.cli.backend_options import backend_options, build_backend_options
 from ckptbench.errors import SpecError
+from ckptbench.formats import FORMATS, check_format
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
-from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id
+from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -67,6 +68,8 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
         name = res["run"].get("workload", {}).get("name", "?")
         for s in res["summary"]:
             op = "write" if s["phase"] == "save" else "read"
+            if op not in s["latency"] and f"{op}_shard" in s["latency"]:
+                op = f"{op}_shard"  # the zarr format
             lat = s["latency"].get(op, {})
             table.add_row(
                 name, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
@@ -78,6 +81,26 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
             )
         for e in res["errors"]:
             table.add_row(name, e["phase"], str(e["iteration"]), "", "FAILED", "", "", "", "", e["message"][:60], "")
+    console.print(table)
+    render_storage(console, loaded)
+
+
+def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:
+    """Logical vs stored bytes and throughput, for runs whose format records stored bytes."""
+    rows = [(res, s) for res in loaded for s in res["summary"] if "stored_bytes" in s]
+    if not rows:
+        return
+    table = Table(title="stored bytes (zarr: after the codec; GB/s median over iterations)")
+    for col in ("run", "phase", "codec", "logical GiB", "stored GiB", "ratio", "logical GB/s",
+                "stored GB/s"):
+        table.add_column(col, justify="left" if col in ("run", "phase", "codec") else "right")
+    for res, s in rows:
+        ratio = s.get("compression_ratio")
+        table.add_row(res["run"].get("workload", {}).get("name", "?"), s["phase"],
+                      str(res["run"].get("options", {}).get("codec", "-")),
+                      f"{s['bytes'] / 2**30:.3f}", f"{s['stored_bytes'] / 2**30:.3f}",
+                      "-" if ratio is None else f"{ratio:.3f}",
+                      _gbps(s["throughput_bytes_per_s"]), _gbps(s["stored_throughput_bytes_per_s"]))
     console.print(table)
 
 
@@ -101,44 +124,70 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
 @click.option("--no-restore", is_flag=True, help="Measure saves only.")
 @click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: evict the checkpoint from caches before restoring.")
-@click.option("--restore-shift", type=int, default=0, show_default=True,
-              help="Rank r restores the files of rank r+N (IOR -C): no rank reads its own cache.")
+@click.option("--restore-shift", type=int, default=None,
+              help="Rank r restores the files of rank r+N (IOR -C): no rank reads its own cache "
+                   "[default: 0; under MPI on several nodes the plan ranks per node].")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Results file (JSON Lines) [default: results/<workload>-<run id>.jsonl].")
+@click.option("--launcher", type=click.Choice(["auto", "local", "mpi"]), default="auto",
+              show_default=True,
+              help="auto: MPI ranks when started by mpirun/srun (needs mpi4py), else local processes.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="raw", show_default=True,
+              help="raw: the plan's files; zarr: zarr v3 sharded arrays; torch-dcp: DCP's writer (needs torch).")
+@click.option("--codec", default="none", show_default=True,
+              help="zarr only: none, zstd[:level=N], lz4[:acceleration=N], blosc[:cname=C,clevel=N,"
+                   "shuffle=byte|bit|none]; any takes inner_chunks=N (inner chunks per shard).")
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
                 threads: int | None, block_size: str, payload: str, seed: int,
-                prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int,
-                results: str | None, as_json: bool, **backend_cli: Any) -> None:
+                prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
+                results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
+                **backend_cli: Any) -> None:
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+    launch = open_launcher(launcher)
+    with launch.quiet_unless_root():  # under MPI only rank 0 prints
+        _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
+             seed, prefill, keep, no_restore, cache, restore_shift, results, as_json, backend_cli,
+             fmt=fmt, codec=codec)
+
+
+def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
+         threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
+         no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
+         as_json: bool, backend_cli: dict[str, Any], fmt: str = "raw", codec: str = "none") -> None:
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
     selected = parse_ranks(ranks, plan.world_size) if ranks else list(range(plan.world_size))
+    codec_spec = check_format(fmt, codec, plan, selected)
     run_id = new_run_id()
     options = RunOptions(
         iterations=iterations, threads=threads or run_workload.checkpoint.threads,
         block_size=parse_size(block_size, "--block-size"), payload=payload, seed=seed, keep=keep,
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
-        run_id=run_id, restore_shift=restore_shift,
+        run_id=run_id, restore_shift=restore_shift or 0,
+        format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
     )
     backend = open_backend(target, build_backend_options(target, options.threads, backend_cli))
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = int(sum(int(plan.rank_bytes()[r]) for r in selected))
     total = per_iter * iterations * (1 if no_restore else 2)
-    console = Console(stderr=True)
+    console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
-                     results=results_path, scale=scale)
+                     results=results_path, scale=scale, restore_shift_auto=restore_shift is None)
 
     def banner() -> None:
         click.echo(f"{full.name}: {len(selected)} of {plan.world_size} ranks, "
                    f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}")
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                  transient=True) as progress:
+                  transient=True, disable=not launch.root) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        execute(req, on_progress=lambda n: progress.advance(task, n), on_start=banner)
+        execute(req, on_progress=lambda n: progress.advance(task, n), on_start=banner,
+                launch=launch)
+    if not launch.root:
+        return
     loaded = [report_mod.load(str(results_path))]
     if as_json:
         click.echo(json.dumps({"results": str(results_path), "summary": loaded[0]["summary"]}, indent=2))

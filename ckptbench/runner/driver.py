@@ -12,18 +12,19 @@ from typing import Any
 
 from ckptbench.backends import Backend
 from ckptbench.errors import CkptbenchError, VerificationError
+from ckptbench.formats import engine_class
 from ckptbench.plan import Plan
 from ckptbench.records import ResultsWriter
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.engine import (
     MANIFEST_SCHEMA,
     FileJob,
-    RankEngine,
     RunOptions,
     ThreadResult,
     describe_error,
     file_jobs,
     first_error,
+    manifest_files,
     now,
 )
 
@@ -48,8 +49,8 @@ def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm
                     error: BaseException | None, backend_stats: dict[str, int]) -> dict[str, Any]:
     job_rank = {j.index: j.rank for j in jobs}
     offset = comm.clock_offset_ns()
-    ops = [(op, f, job_rank[f], t, n, a + offset, b + offset)
-           for t, r in enumerate(results) for op, f, n, a, b in r.ops]
+    ops = [(op, f, job_rank[f], t, n, a + offset, b + offset, *extra)
+           for t, r in enumerate(results) for op, f, n, a, b, *extra in r.ops]
     return {
         "ops": ops,
         "digests": {f: d for r in results for f, d in r.digests.items()},
@@ -65,10 +66,10 @@ def _records(plan: Plan, iteration: int, phase: str,
     out: list[dict[str, Any]] = []
     per_rank: dict[int, dict[str, Any]] = {}
     for proc, payload in enumerate(gathered):
-        for op, f, rank, thread, n, a, b in payload["ops"]:
+        for op, f, rank, thread, n, a, b, *extra in payload["ops"]:
             out.append({"type": "op", "iteration": iteration, "phase": phase, "rank": rank,
                         "thread": thread, "op": op, "file": plan.file_paths[f], "bytes": n,
-                        "start_ns": a, "end_ns": b})
+                        "start_ns": a, "end_ns": b, **(extra[0] if extra else {})})
             rec = per_rank.setdefault(rank, {
                 "type": "rank", "iteration": iteration, "phase": phase, "rank": rank,
                 "process": proc, "host": payload["host"], "bytes": 0, "start_ns": a,
@@ -77,7 +78,9 @@ def _records(plan: Plan, iteration: int, phase: str,
             rec["ops"] += 1
             rec["start_ns"] = min(rec["start_ns"], a)
             rec["end_ns"] = max(rec["end_ns"], b)
-            rec[f"{op}_s"] += (b - a) / 1e9
+            rec[f"{op}_s"] = rec.get(f"{op}_s", 0.0) + (b - a) / 1e9
+            if extra and "stored_bytes" in extra[0]:
+                rec["stored_bytes"] = rec.get("stored_bytes", 0) + extra[0]["stored_bytes"]
     for payload in gathered:  # backend counters (retries...) go to the process's first rank
         ranks_of_proc = sorted({op[2] for op in payload["ops"]})
         if ranks_of_proc and payload.get("backend_stats"):
@@ -90,7 +93,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                    comm: Comm, options: RunOptions, writer: ResultsWriter | None,
                    progress: Callable[[int], None] | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails."""
-    engine = RankEngine(plan, my_ranks, backend, comm, options, progress)
+    engine = engine_class(options.format)(plan, my_ranks, backend, comm, options, progress)
     coordinator = comm.rank == 0
     manifest_name = plan.manifest
     for it in range(1, options.iterations + 1):
@@ -116,7 +119,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         # --- cache ---
         method = "none"
         if options.restore and options.cache == "auto":
-            method = backend.drop_cache([j.key for j in jobs])
+            method = backend.drop_cache(engine.cache_keys(jobs))
         comm.barrier()
         dropped = False
         if coordinator and options.restore and options.cache == "auto" \
@@ -184,16 +187,9 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             "workload": plan.workload.name,
             "payload": options.payload,
             "seed": options.seed,
-            "files": {
-                f"{ckpt}/{plan.file_paths[f]}": {
-                    "rank": int(plan.file_rank[f]),
-                    "size": int(plan.file_bytes[f]),
-                    "chunks": [[c.key, c.file_offset, c.nbytes] for c in plan.iter_chunks(f)
-                               if c.nbytes],
-                    "digests": d,
-                }
-                for f, d in sorted(digests.items())
-            },
+            "format": options.format,
+            "codec": options.codec,
+            "files": manifest_files(plan, ckpt, digests),
         }
         try:
             t0 = now()

@@ -25,14 +25,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
-from ckptbench.backends import Backend
+from ckptbench.backends import Backend, WriteHandle
 from ckptbench.errors import BackendError, CkptbenchError, VerificationError
 from ckptbench.payload import ChunkHasher, PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
+from ckptbench.plan.files import RegionLayout, plan_layout
 from ckptbench.runner.comm import Comm
 
 MANIFEST_SCHEMA = "ckptbench.manifest/1"
@@ -52,26 +53,46 @@ class RunOptions:
     cache: str = "auto"  # auto: evict after save; none: leave caches alone
     run_id: str = "run"
     restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
+    format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
+    codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+class SharedFileBackend(Protocol):
+    """What a backend offers for one file written by several ranks (N-1)."""
+
+    def create_shared(self, key: str, size: int) -> None: ...
+
+    def open_write_region(self, key: str, offset: int, size: int,
+                          file_size: int) -> WriteHandle: ...
+
+
 @dataclass
 class FileJob:
-    """One file of the plan, as a process writes or reads it."""
+    """One file of the plan (or one rank's region of a shared file), as a process writes
+    or reads it."""
 
     index: int  # file index in the plan
     rank: int  # plan rank that writes it
     key: str  # backend key (checkpoint dir + file path)
     size: int
-    regions: list[Region]
+    regions: list[Region]  # chunks, relative to `offset`
     base: int  # payload stream key
+    offset: int = 0  # where the job's bytes start in the file
+    file_size: int = 0  # size of the whole file when several ranks share it, else 0
+
+    @property
+    def name(self) -> str:
+        """The job's entry in the manifest: the key, or key#rank for a shared file."""
+        return f"{self.key}#{self.rank}" if self.file_size else self.key
 
 
 @dataclass
 class ThreadResult:
-    ops: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # op, file, bytes, t0, t1
+    # op, file, bytes, t0, t1 [, extra fields for the op record, e.g. {"stored_bytes": n}]
+    ops: list[tuple[Any, ...]] = field(default_factory=list)
     digests: dict[int, list[int]] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     error: BaseException | None = None
@@ -87,16 +108,42 @@ def _round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, seed: int) -> list[FileJob]:
+def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, seed: int,
+              layout: RegionLayout | None = None) -> list[FileJob]:
+    layout = layout or plan_layout(plan)
     jobs = []
     for r in ranks:
         for f in plan.files_of_rank(r):
+            path = plan.file_paths[f]
             regions = [Region(c.file_offset, c.file_offset + c.nbytes, c.key, c.dtype)
                        for c in plan.iter_chunks(f) if c.nbytes]
-            jobs.append(FileJob(f, r, f"{checkpoint}/{plan.file_paths[f]}",
+            jobs.append(FileJob(f, r, f"{checkpoint}/{path}",
                                 int(plan.file_bytes[f]), regions,
-                                stream_key(seed, f, iteration)))
+                                stream_key(seed, f, iteration), int(layout.base[f]),
+                                layout.shared_size.get(path, 0)))
     return jobs
+
+
+def manifest_files(plan: Plan, checkpoint: str, digests: dict[int, list[int]],
+                   layout: RegionLayout | None = None) -> dict[str, Any]:
+    """The manifest's "files": one entry per file, or per rank's region of a shared file
+    (named key#rank, with the path, the offset and the whole file's size)."""
+    layout = layout or plan_layout(plan)
+    out: dict[str, Any] = {}
+    for f, d in sorted(digests.items()):
+        path, rank = plan.file_paths[f], int(plan.file_rank[f])
+        key = f"{checkpoint}/{path}"
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "size": int(plan.file_bytes[f]),
+            "chunks": [[c.key, c.file_offset, c.nbytes] for c in plan.iter_chunks(f) if c.nbytes],
+            "digests": d,
+        }
+        if layout.is_shared(path):
+            entry.update(path=key, offset=int(layout.base[f]), file_size=layout.shared_size[path])
+            key = f"{key}#{rank}"
+        out[key] = entry
+    return out
 
 
 def assign_threads(jobs: list[FileJob], threads: int) -> list[list[FileJob]]:
@@ -157,10 +204,17 @@ class RankEngine:
         self.gen = PayloadGenerator(options.payload, options.seed)
         self.align = max(backend.alignment, 1)
         self.block = _round_up(options.block_size, max(self.align, 8))
-        nthreads = max(1, options.threads)
-        per_thread = max(2, options.prefill_bytes // max(1, nthreads) // self.block)
+        # threads and prefill are per plan rank: a process running a group of plan ranks
+        # (MPI with fewer processes than ranks) gets each rank's share.
+        nthreads = max(1, options.threads) * max(1, len(ranks))
+        prefill = options.prefill_bytes * max(1, len(ranks))
+        per_thread = max(2, prefill // nthreads // self.block)
         self.nbuf = per_thread
         self.nthreads = nthreads
+
+    def cache_keys(self, jobs: list[FileJob]) -> list[str]:
+        """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
+        return [j.key for j in jobs]
 
     # --- save ---
     def _produce(self, pipe: _Pipeline, jobs: list[FileJob], res: ThreadResult) -> None:
@@ -212,8 +266,13 @@ class RankEngine:
                     if handle is not None:
                         finish()
                     current = j
+                    job = jobs[j]
                     t0 = now()
-                    handle = self.backend.open_write(jobs[j].key, jobs[j].size)
+                    if job.file_size:
+                        handle = cast(SharedFileBackend, self.backend).open_write_region(
+                            job.key, job.offset, job.size, job.file_size)
+                    else:
+                        handle = self.backend.open_write(job.key, job.size)
                     ops.append(("open", jobs[j].index, 0, t0, now()))
                 if i is None:
                     continue
@@ -245,7 +304,20 @@ class RankEngine:
             t.start()
         for p in pipes:  # payload for the first buffers is ready before the clock starts
             p.primed.wait()
+        create_error: BaseException | None = None
+        if self.comm.rank == 0:  # shared files exist before anyone opens them (off the clock)
+            try:
+                for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
+                    cast(SharedFileBackend, self.backend).create_shared(key, size)
+            except BaseException as exc:  # noqa: BLE001 - raised after the barrier all take
+                create_error = exc
         self.comm.barrier()
+        if create_error is not None:
+            for p in pipes:
+                p.stop.set()
+            for t in producers:
+                t.join()
+            raise create_error
         writers = [threading.Thread(target=self._write, args=(p, g, r), daemon=True)
                    for p, g, r in zip(pipes, groups, results, strict=True)]
         for t in writers:
@@ -271,7 +343,7 @@ class RankEngine:
                         want = min(self.block, job.size - off)
                         view = memoryview(pipe.buffers[i])[:_round_up(want, self.align)]  # type: ignore[arg-type]
                         t0 = now()
-                        got = handle.readinto(off, view)
+                        got = handle.readinto(job.offset + off, view)
                         t1 = now()
                         ops.append(("read", job.index, min(got, want), t0, t1))
                         if got < want:
@@ -307,7 +379,7 @@ class RankEngine:
                 if res.error is not None:
                     break
                 h = hashers.get(j) or ChunkHasher(job.regions)
-                want = expected[job.key]["digests"]
+                want = expected[job.name]["digests"]
                 for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
                     if got_d != want_d:
                         res.mismatches.append(self._locate(job, region))
@@ -323,14 +395,14 @@ class RankEngine:
         buf = _aligned_buffer(_round_up(region.end - start, max(self.align, 1)) + self.align)
         handle = self.backend.open_read(job.key)
         try:
-            got = handle.readinto(start, memoryview(buf)[:_round_up(region.end - start, self.align)])  # type: ignore[arg-type]
+            got = handle.readinto(job.offset + start, memoryview(buf)[:_round_up(region.end - start, self.align)])  # type: ignore[arg-type]
         finally:
             handle.close()
         data = buf[region.start - start:region.start - start + n]
         differ = np.flatnonzero(data[:max(0, got - (region.start - start))] != expected[:got])
         first = int(differ[0]) if len(differ) else min(n, max(0, got - (region.start - start)))
         return (f"chunk {region.key} in {job.key}: bytes differ from offset "
-                f"{region.start + first} (chunk byte {first} of {n})")
+                f"{job.offset + region.start + first} (chunk byte {first} of {n})")
 
     def restore(self, jobs: list[FileJob], manifest_key: str) -> tuple[list[ThreadResult], tuple[int, int]]:
         self.comm.barrier()
@@ -344,8 +416,8 @@ class RankEngine:
         t1 = now()
         expected = manifest["files"]
         for job in jobs:
-            if job.key not in expected:
-                raise VerificationError(f"{job.key}: missing from the manifest {manifest_key}")
+            if job.name not in expected:
+                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
         groups = assign_threads(jobs, self.nthreads)
         pipes = [_Pipeline(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
         results = [ThreadResult() for _ in groups]

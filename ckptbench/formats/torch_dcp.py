@@ -1,0 +1,302 @@
+"""The ``torch-dcp`` format: the plan's chunks as real torch tensors, saved by DCP itself.
+
+Optional (``pip install 'ckptbench[torch]'``): torch is imported only here, only when the
+format is chosen. Each process materializes its plan ranks' chunks as CPU tensors of the
+true dtype (bfloat16 included) holding exactly the raw format's bytes, gives each state-
+dict key to DCP as an object that reports those chunks (global shape, offsets, sizes:
+DCP's ``__create_write_items__`` / ``__create_chunk_list__`` / ``__get_tensor_shard__``
+protocol, the one DTensor implements), and calls ``torch.distributed.checkpoint.save``
+with DCP's own writer: ``FileSystemWriter`` for a directory (``sync_files=True``: fsync
+inside the timer, ``thread_count`` = ``--threads``), ``FsspecWriter`` for any other URL
+(``s3://`` through s3fs, with the run's endpoint). Several processes form a gloo process
+group (a TCPStore that process 0 opens on a free port), so DCP plans, dedups and writes
+its ``.metadata`` as in training. DCP's files go to ``<checkpoint>/dcp/`` because DCP's
+``.metadata`` and ckptbench's manifest share a name.
+
+Timing: one op per process, ``dcp_save`` (planning collectives, writes, fsync, DCP's
+metadata commit) and on restore ``dcp_load`` into freshly allocated tensors of the same
+chunks; every chunk's digest is checked after the load (outside the op). The whole
+state is generated in memory before the clock starts, as it would sit in a trainer
+(``--prefill`` does not bound it). Runs must cover every plan rank: DCP refuses a
+global plan whose chunks do not cover each tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckptbench.errors import SpecError, VerificationError
+from ckptbench.formats.common import (
+    NP_DTYPES,
+    ChunkTask,
+    check_tiling,
+    checkpoint_of,
+    chunk_bytes,
+    chunk_tasks,
+    manifest_name,
+)
+from ckptbench.payload import digest
+from ckptbench.plan import Plan
+from ckptbench.runner.engine import FileJob, RankEngine, ThreadResult, now
+
+DCP_DIR = "dcp"
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError as exc:
+        raise SpecError(f"--format torch-dcp needs torch ({exc}); install it with "
+                        "pip install 'ckptbench[torch]'; allowed without it: --format raw, zarr"
+                        ) from None
+    return torch
+
+
+def check_plan(plan: Plan, ranks: list[int]) -> None:
+    """Refuse, in one line, what DCP cannot save: no torch, a rank subset, overlaps."""
+    _import_torch()
+    if sorted(ranks) != list(range(plan.world_size)):
+        raise SpecError("--format torch-dcp saves the whole plan (DCP checks that the chunks "
+                        "cover every tensor); allowed: all ranks, no --ranks subset")
+    check_tiling(plan, "torch-dcp")
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+class PlannedChunks:
+    """One state-dict key as DCP sees a sharded tensor: this process's chunks of it."""
+
+    def __init__(self, global_shape: tuple[int, ...], chunks: list[tuple[tuple[int, ...], Any]]
+                 ) -> None:
+        self.global_shape = global_shape
+        self.chunks = chunks  # (offsets, local tensor)
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        import torch
+        from torch.distributed.checkpoint.metadata import (
+            ChunkStorageMetadata,
+            MetadataIndex,
+            TensorProperties,
+        )
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        return [WriteItem(index=MetadataIndex(fqn, torch.Size(off)), type=WriteItemType.SHARD,
+                          tensor_data=TensorWriteData(
+                              chunk=ChunkStorageMetadata(offsets=torch.Size(off), sizes=t.size()),
+                              properties=TensorProperties.create_from_tensor(t),
+                              size=torch.Size(self.global_shape)))
+                for off, t in self.chunks]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        import torch
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(offsets=torch.Size(off), sizes=t.size())
+                for off, t in self.chunks]
+
+    def __get_tensor_shard__(self, index: Any) -> Any:
+        if index.index is not None and index.index < len(self.chunks) \
+                and tuple(self.chunks[index.index][0]) == tuple(index.offset or ()):
+            return self.chunks[index.index][1]
+        for off, t in self.chunks:
+            if tuple(off) == tuple(index.offset or ()):
+                return t
+        raise ValueError(f"{index.fqn}: no local chunk at offset {index.offset}")
+
+
+def _planners() -> tuple[Any, Any]:
+    """DCP's default planners, looking chunks up through PlannedChunks (DCP's own extension
+    points: lookup_object / lookup_tensor)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+
+    class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
+        def lookup_object(self, index: Any) -> Any:
+            return self.state_dict[index.fqn].__get_tensor_shard__(index)
+
+    class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
+        def set_up_planner(self, state_dict: Any, metadata: Any = None,
+                           is_coordinator: bool = False) -> None:
+            # DefaultLoadPlanner first maps every state-dict value through a helper that
+            # keeps only tensor types (anything else becomes None); nothing to flatten here.
+            self.original_state_dict = state_dict
+            self.state_dict = state_dict
+            self.metadata = metadata
+            self.is_coordinator = is_coordinator
+
+        def lookup_tensor(self, index: Any) -> Any:
+            return self.state_dict[index.fqn].__get_tensor_shard__(index)
+
+    return (SavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False),
+            LoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False))
+
+
+class TorchDcpEngine(RankEngine):
+    """RankEngine's collective contract (save, restore, cache_keys) through DCP."""
+
+    def __init__(self, plan: Plan, ranks: list[int], backend: Any, comm: Any, options: Any,
+                 progress: Any = None) -> None:
+        super().__init__(plan, ranks, backend, comm, options, progress)
+        self.torch = _import_torch()
+        self._pg_ready = False
+
+    # --- where DCP writes ---
+    def _url(self, ckpt: str) -> tuple[str, dict[str, Any]]:
+        """DCP's checkpoint path (a local path or an fsspec URL) and fsspec options."""
+        root = getattr(self.backend, "root", None)
+        if root is not None:
+            return str(Path(root) / ckpt / DCP_DIR), {}
+        url = f"{self.backend.target.rstrip('/')}/{ckpt}/{DCP_DIR}"
+        opts: dict[str, Any] = {}
+        if url.startswith("s3://"):
+            endpoint = (self.backend.options.get("endpoint_url")
+                        or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+            if endpoint:
+                opts["client_kwargs"] = {"endpoint_url": endpoint}
+        return url, opts
+
+    def _writer(self, ckpt: str) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        path, opts = self._url(ckpt)
+        if not opts and not path.count("://"):
+            return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True,
+                                        thread_count=self.nthreads)
+        return dcp.FsspecWriter(path, single_file_per_rank=True, sync_files=True,
+                                thread_count=self.nthreads, **opts)
+
+    def _reader(self, ckpt: str) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        path, opts = self._url(ckpt)
+        if not opts and not path.count("://"):
+            return dcp.FileSystemReader(path)
+        return dcp.FsspecReader(path, **opts)
+
+    def _process_group(self) -> None:
+        """A gloo group over the run's processes (collective, once)."""
+        if self._pg_ready or self.comm.size == 1:
+            return
+        import torch.distributed as dist
+
+        hosts = self.comm.gather(self.comm.host())
+        store, address = None, None
+        if self.comm.rank == 0:
+            assert hosts is not None
+            host = "127.0.0.1" if len(set(hosts)) == 1 else self.comm.host()
+            store = dist.TCPStore(host, 0, self.comm.size, is_master=True, wait_for_workers=False)
+            address = (host, store.port)
+        address = self.comm.bcast(address)
+        if store is None:
+            store = dist.TCPStore(address[0], address[1], self.comm.size, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=self.comm.rank,
+                                world_size=self.comm.size)
+        self._pg_ready = True
+
+    def cache_keys(self, jobs: list[FileJob]) -> list[str]:
+        if not jobs:
+            return []
+        ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
+        keys = [f"{ckpt}/{DCP_DIR}/__{self.comm.rank}_{k}.distcp" for k in range(self.nthreads)]
+        return keys + ([f"{ckpt}/{DCP_DIR}/.metadata"] if self.comm.rank == 0 else [])
+
+    # --- tensors ---
+    def _state_dict(self, tasks: list[ChunkTask], fill: bool) -> tuple[dict[str, Any], list[Any]]:
+        torch = self.torch
+        by_key: dict[int, list[tuple[tuple[int, ...], Any]]] = {}
+        arrays = []
+        for t in tasks:
+            key = self.plan.keys[t.key]
+            if fill:
+                data, d = chunk_bytes(self.gen, t, NP_DTYPES[key.dtype])
+                if not data.flags.c_contiguous:  # (np.ascontiguousarray makes a 0-d array 1-d)
+                    data = data.copy()
+            else:
+                data, d = np.empty(t.sizes, dtype=NP_DTYPES[key.dtype]), 0
+            tensor = torch.from_numpy(data).view(_torch_dtype(torch, key.dtype))
+            by_key.setdefault(t.key, []).append((t.offsets, tensor))
+            arrays.append((t, data, d))
+        state = {self.plan.keys[k].name: PlannedChunks(self.plan.keys[k].global_shape, chunks)
+                 for k, chunks in by_key.items()}
+        return state, arrays
+
+    # --- save ---
+    def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
+        import torch.distributed.checkpoint as dcp
+
+        ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
+        tasks = chunk_tasks(self.plan, jobs)
+        state, arrays = self._state_dict(tasks, fill=True)
+        self._process_group()
+        writer = self._writer(ckpt)
+        planner, _ = _planners()
+        res = ThreadResult()
+        total = sum(t.nbytes for t in tasks)
+        self.comm.barrier()
+        t0 = now()
+        try:
+            with warnings.catch_warnings():  # object stores: the completed PUT is the sync
+                warnings.filterwarnings("ignore", message="fsync not supported")
+                dcp.save(state, storage_writer=writer, planner=planner)
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = exc
+        t1 = now()
+        res.ops.append(("dcp_save", jobs[0].index, total, t0, t1, {"object": f"{DCP_DIR}/"}))
+        self.progress(total)
+        digests: dict[int, list[int]] = {job.index: [0] * len(job.regions) for job in jobs}
+        for t, _data, d in arrays:
+            digests[t.job.index][t.region] = d
+        res.digests = digests
+        return [res]
+
+    # --- restore ---
+    def restore(self, jobs: list[FileJob], manifest_key: str
+                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+        import torch.distributed.checkpoint as dcp
+
+        self.comm.barrier()
+        t0 = now()
+        try:
+            manifest = json.loads(self.backend.get(manifest_key))
+        except FileNotFoundError:
+            raise VerificationError(
+                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
+            ) from None
+        t1 = now()
+        expected = manifest["files"]
+        for job in jobs:
+            if manifest_name(job) not in expected:
+                raise VerificationError(f"{manifest_name(job)}: missing from the manifest {manifest_key}")
+        ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
+        tasks = chunk_tasks(self.plan, jobs)
+        state, arrays = self._state_dict(tasks, fill=False)
+        _, planner = _planners()
+        res = ThreadResult()
+        total = sum(t.nbytes for t in tasks)
+        a = now()
+        try:
+            dcp.load(state, storage_reader=self._reader(ckpt), planner=planner)
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = exc
+        b = now()
+        res.ops.append(("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"}))
+        self.progress(total)
+        if res.error is None:
+            for t, data, _ in arrays:
+                got = data.reshape(-1).view(np.uint8)
+                if digest(got) != expected[manifest_name(t.job)]["digests"][t.region]:
+                    want, _ = chunk_bytes(self.gen, t, data.dtype)
+                    differ = np.flatnonzero(got != np.ascontiguousarray(want).reshape(-1).view(np.uint8))
+                    res.mismatches.append(
+                        f"chunk {self.plan.keys[t.key].name} at offsets {list(t.offsets)} "
+                        f"(DCP {ckpt}/{DCP_DIR}): bytes differ from chunk byte "
+                        f"{int(differ[0]) if len(differ) else 0} of {t.nbytes}")
+        return [res], (t0, t1)
