@@ -13,3 +13,27 @@ WORKLOADS = ROOT / "workloads"
 @pytest.fixture
 def tiny_workload() -> Path:
     return WORKLOADS / "tiny.toml"
+
+
+# --- MinIO: one real server for the whole session (S3 tests never skip in CI) ---
+@pytest.fixture(scope="session")
+def minio_server():
+    """A real MinIO on 127.0.0.1 (free port, temporary data directory), live before the
+    first S3 test and stopped after the last. No binary fails loudly unless
+    CKPTBENCH_SKIP_S3=1; .ci/setup builds it from source (pinned)."""
+    import os
+
+    from minio import MinioServer, find_binary
+
+    if not find_binary("minio"):
+        if os.environ.get("CKPTBENCH_SKIP_S3") == "1":
+            pytest.skip("no minio binary and CKPTBENCH_SKIP_S3=1")
+        pytest.fail("no `minio` binary on PATH or in $(go env GOPATH)/bin: run .ci/setup "
+                    "(go install github.com/minio/minio@<pinned>) or set CKPTBENCH_SKIP_S3=1",
+                    pytrace=False)
+    server = MinioServer().start()
+    server.bucket = server.make_bucket("ckptbench-test")
+    try:
+        yield server
+    finally:
+        server.stop()

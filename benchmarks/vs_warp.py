@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""ckptbench's S3 backend against MinIO's warp: same server, object size and concurrency.
+
+warp runs `put` then `get` for a fixed duration with C concurrent operations on objects of
+S bytes; ckptbench then saves and restores a checkpoint made of S-byte objects (one object
+per tensor: a custom model whose every matrix is S bytes, files = per-chunk, one rank with
+C I/O threads, so C objects move at once). Two modes, each compared like with like:
+
+* single:    warp --disable-multipart (one PUT per object)  vs  --part-size S (one PUT)
+* multipart: warp's default for S > 16 MiB (minio-go: 16 MiB parts, uploaded one after
+             the other: warp's data reader has no ReadAt)    vs  --part-size 16MiB
+                                                                 --s3-concurrency 1
+
+warp GETs each object whole; ckptbench restores it with one GET per block (single:
+--block-size S, one GET per object; multipart: --block-size 16MiB, four ranged GETs one
+after the other). Both sign payloads with SHA-256 over http (warp's and botocore's
+default). ckptbench's numbers include what the benchmark is for: every byte restored is
+verified against its digest, and the payload is generated and hashed while it is saved.
+
+    python benchmarks/vs_warp.py                      # starts its own MinIO (tests/minio.py)
+    python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
+    python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
+
+Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
+
+MIB = 1 << 20
+WARP_AVG = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Average:\s*([\d.]+)\s*"
+                      r"(KiB|MiB|GiB)/s", re.DOTALL)
+UNIT = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip(), re.IGNORECASE)
+    if not m:
+        raise SystemExit(f"vs_warp: {text!r} is not a size (e.g. 64MiB)")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
+
+
+def workload(obj_size: int, objects: int) -> str:
+    """A model whose every matrix is obj_size bytes of fp32 (dim x dim), one object each."""
+    dim = math.isqrt(obj_size // 4)
+    if dim * dim * 4 != obj_size or dim % 64:
+        raise SystemExit(f"vs_warp: --obj-size must be 4*d*d bytes with d a multiple of 64 "
+                         f"(16MiB, 64MiB, 256MiB, ...), not {obj_size}")
+    layers = max(1, math.ceil((objects - 2) / 7))  # 7 matrices per layer + embeddings + output
+    return f"""
+[workload]
+name = "vs-warp-{obj_size // MIB}MiB"
+description = "every tensor one {obj_size // MIB} MiB object"
+
+[model]
+name = "custom"
+layers = {layers}
+dim = {dim}
+heads = {dim // 64}
+kv_heads = {dim // 64}
+head_dim = 64
+ffn_dim = {dim}
+vocab_size = {dim}
+
+[state]
+param_dtype = "float32"
+optimizer = "none"
+
+[parallel]
+world_size = 1
+layout = "fsdp2"
+
+[checkpoint]
+files = "per-chunk"
+"""
+
+
+def seconds(text: str) -> float:
+    """warp's '1m5s' / '6s' -> seconds."""
+    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"([\d.]+)([hms])", text))
+
+
+def child_cpu() -> float:
+    """CPU seconds of the children waited for so far (a tool and everything it forked)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int,
+             concurrency: int, duration: str, multipart: bool, workdir: Path) -> tuple[float, float]:
+    """warp's average throughput for `op` in bytes/s, and its CPU seconds per GB moved
+    (including its preparation: for `get`, uploading the objects first)."""
+    warp = find_binary("warp")
+    if not warp:
+        raise SystemExit("vs_warp: no `warp` binary on PATH or in $(go env GOPATH)/bin; "
+                         "build it with .ci/setup")
+    cmd = [warp, op, "--host", host, "--bucket", bucket, "--obj.size", str(obj_size),
+           "--concurrent", str(concurrency), "--duration", duration, "--no-color",
+           "--benchdata", str(workdir / f"warp-{op}")]
+    if op == "put" and not multipart:
+        cmd.append("--disable-multipart")
+    if op == "get":
+        cmd += ["--objects", str(max(2 * concurrency, 8))]
+    cpu0 = child_cpu()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=workdir)
+    cpu = child_cpu() - cpu0
+    m = WARP_AVG.search(out.stdout)
+    if out.returncode or not m:
+        raise SystemExit(f"vs_warp: warp {op} failed ({out.returncode}): "
+                         f"{(out.stderr or out.stdout)[-400:]}")
+    rate = float(m.group(3)) * UNIT[m.group(4)]
+    return rate, cpu / max(1e-9, rate * seconds(m.group(2)) / 1e9)
+
+
+def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
+                  concurrency: int, objects: int, iterations: int, multipart: bool,
+                  workdir: Path, extra: list[str]) -> dict[str, float]:
+    """ckptbench's median save and restore throughput in bytes/s, and its CPU seconds per
+    GB saved or restored (its start-up, payload generation and verification included)."""
+    wl = workdir / "vs-warp.toml"
+    wl.write_text(workload(obj_size, objects))
+    results = workdir / f"ckptbench-{'multipart' if multipart else 'single'}-{time.time_ns()}.jsonl"
+    cmd = [sys.executable, "-m", "ckptbench", "run", str(wl), "--target", f"s3://{bucket}/vs-warp",
+           "--endpoint-url", endpoint, "--threads", str(concurrency),
+           "--iterations", str(iterations), "--results", str(results), "--json",
+           "--prefill", f"{2 * concurrency * obj_size}"]
+    if multipart:
+        cmd += ["--part-size", "16MiB", "--s3-concurrency", "1", "--block-size", "16MiB"]
+    else:
+        cmd += ["--part-size", str(obj_size), "--s3-concurrency", "1",
+                "--block-size", str(obj_size)]
+    cmd += extra
+    cpu0 = child_cpu()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=workdir)
+    cpu = child_cpu() - cpu0
+    if out.returncode:
+        raise SystemExit(f"vs_warp: ckptbench failed ({out.returncode}): {out.stderr[-600:]}")
+    summary = json.loads(out.stdout[out.stdout.index("{"):])["summary"]
+    moved = sum(float(s["bytes"]) * s["iterations"] for s in summary)
+    return {**{s["phase"]: float(s["throughput_bytes_per_s"]) for s in summary},
+            "cpu_per_gb": cpu / max(1e-9, moved / 1e9)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoint", help="use this S3 endpoint (keys from AWS_ACCESS_KEY_ID/"
+                    "AWS_SECRET_ACCESS_KEY) instead of starting a MinIO")
+    ap.add_argument("--bucket", default=None, help="with --endpoint: an existing bucket")
+    ap.add_argument("--obj-size", default="64MiB")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--duration", default="15s", help="warp's duration per operation")
+    ap.add_argument("--objects", type=int, default=0,
+                    help="objects per ckptbench checkpoint [default: 8 per thread]")
+    ap.add_argument("--iterations", type=int, default=3, help="ckptbench iterations (median)")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate warp/ckptbench N times")
+    ap.add_argument("--mode", choices=["single", "multipart", "both"], default="both")
+    ap.add_argument("--json", dest="json_out", help="also write the numbers here")
+    ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
+    a = ap.parse_args(argv)
+    obj_size = parse_size(a.obj_size)
+    objects = a.objects or 8 * a.concurrency
+    modes = ["single", "multipart"] if a.mode == "both" else [a.mode]
+
+    load0 = os.getloadavg()
+    server: MinioServer | None = None
+    with tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp:
+        workdir = Path(tmp)
+        if a.endpoint:
+            endpoint, bucket = a.endpoint, a.bucket
+            if not bucket:
+                raise SystemExit("vs_warp: --endpoint needs --bucket")
+            key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+            if not key or not secret:
+                raise SystemExit("vs_warp: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+            env = dict(os.environ)
+            warp_bucket = f"{bucket}-warp"
+        else:
+            server = MinioServer(data_dir=workdir / "minio").start()
+            endpoint, env = server.endpoint, server.env()
+            key, secret = server.access_key, server.secret_key
+            bucket = server.make_bucket("ckptbench-vs-warp")
+            warp_bucket = "warp-vs-ckptbench"  # warp creates and empties its own bucket
+        env.update(WARP_ACCESS_KEY=key, WARP_SECRET_KEY=secret)  # never on a command line
+        host = endpoint.split("://", 1)[1].rstrip("/")
+        rows: dict[str, dict[str, list[float]]] = {}
+        try:
+            for mode in modes:
+                mp = mode == "multipart"
+                r = rows.setdefault(mode, {k: [] for k in (
+                    "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
+                    "cpu_ckptbench")})
+                for _ in range(a.repeat):
+                    for op in ("put", "get"):
+                        rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
+                                             a.concurrency, a.duration, mp, workdir)
+                        r[f"warp_{op}"].append(rate)
+                        r[f"cpu_warp_{op}"].append(cpu)
+                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
+                                       a.iterations, mp, workdir, a.ckptbench_args)
+                    r["save"].append(ck["save"])
+                    r["restore"].append(ck["restore"])
+                    r["cpu_ckptbench"].append(ck["cpu_per_gb"])
+        finally:
+            if server is not None:
+                server.stop()
+
+    med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in rows.items()}
+    load = os.getloadavg()
+    print(f"\nobject size {obj_size / MIB:g} MiB, concurrency {a.concurrency}, endpoint "
+          f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
+          f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s)")
+    print(f"{'mode':<10} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7}   "
+          "runs (warp | ckptbench)")
+    for mode, m in med.items():
+        for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
+            runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
+                    + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][c]))
+            print(f"{mode:<10} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
+                  f"{m[c] / m[w]:>7.2f}   {runs}")
+    print("client CPU s/GB moved (median; the other part of a 2-core box's CPU is MinIO's): "
+          + "; ".join(f"{mode}: warp put {m['cpu_warp_put']:.2f}, get {m['cpu_warp_get']:.2f} "
+                      f"(incl. uploading its objects), ckptbench save+restore "
+                      f"{m['cpu_ckptbench']:.2f} (incl. start-up, payload, verification)"
+                      for mode, m in med.items()))
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps({"obj_size": obj_size, "concurrency": a.concurrency,
+                                                "runs": rows, "median": med}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

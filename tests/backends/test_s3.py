@@ -1,0 +1,287 @@
+"""The S3 backend against a real MinIO: the conformance suite, multipart and ranged reads,
+checksums, retries (through a fault-injecting proxy), errors, fork safety, no secrets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from minio import FaultProxy, MinioServer, free_port
+
+from ckptbench.backends import open_backend
+from ckptbench.backends.s3 import S3Backend, parse_target, public_endpoint
+from ckptbench.errors import BackendError
+
+from .conformance import MIB, BackendConformance, read_at, write_object
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture
+def s3env(minio_server: MinioServer, monkeypatch: pytest.MonkeyPatch) -> MinioServer:
+    """boto3's standard chain (environment variables) reaches the session's MinIO."""
+    for k, v in minio_server.env({}).items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    return minio_server
+
+
+def s3(target: str, endpoint: str, **options: Any) -> S3Backend:
+    return S3Backend(target, {"endpoint_url": endpoint, "part_size": 5 * MIB,
+                              "concurrency": 3, **options})
+
+
+class S3Conformance(BackendConformance):
+    options: dict[str, Any] = {}
+
+    @pytest.fixture
+    def target(self, s3env: MinioServer) -> str:
+        self.server = s3env
+        self.secrets = (s3env.access_key, s3env.secret_key)
+        return f"s3://{s3env.bucket}/conf/{uuid.uuid4().hex[:10]}"
+
+    def open(self, target: str) -> S3Backend:
+        return s3(target, self.server.endpoint, **self.options)
+
+    def put_foreign(self, target: str, name: str, data: bytes) -> None:
+        bucket, prefix = parse_target(target)
+        self.server.client().put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=data)
+
+    def listing(self, target: str) -> list[str]:
+        bucket, prefix = parse_target(target)
+        return sorted(k[len(prefix) + 1:] for k in self.server.list_keys(bucket, prefix + "/"))
+
+
+class TestS3(S3Conformance):
+    pass
+
+
+class TestS3Checksums(S3Conformance):
+    """CRC32 on every request and validated responses (when_supported)."""
+
+    options = {"checksum": "when_supported", "concurrency": 2}
+
+
+# --- multipart, ranges, records ---
+def test_multipart_parts_and_parallel_ranges(s3env: MinioServer) -> None:
+    b = s3(f"s3://{s3env.bucket}/mp/{uuid.uuid4().hex[:8]}", s3env.endpoint, concurrency=4)
+    b.prepare()
+    data = os.urandom(23 * MIB + 5)
+    b.stats()
+    write_object(b, "ck/x.bin", data, block=8 * MIB)
+    st = b.stats()
+    # create + 5 parts + complete = 7 requests, none retried
+    assert st["requests"] == 7 and st["retries"] == 0
+    head = s3env.client().head_object(Bucket=b.bucket, Key=b._key("ck/x.bin"), PartNumber=1)
+    assert head["PartsCount"] == 5
+    assert read_at(b, "ck/x.bin", 0, len(data)) == data
+    assert b.stats()["requests"] == 4  # one 23 MiB buffer: 4 parallel ranged GETs
+    b.remove_tree("ck")
+    b.release()
+
+
+def test_part_size_grows_past_ten_thousand_parts() -> None:
+    b = S3Backend("s3://bucket/p", {"part_size": 8 * MIB})
+    assert b.part_size_for(10 * MIB) == 8 * MIB
+    assert b.part_size_for(200 << 30) >= (200 << 30) / 10_000
+
+
+def test_when_supported_stores_crc32(s3env: MinioServer) -> None:
+    b = s3(f"s3://{s3env.bucket}/crc/{uuid.uuid4().hex[:8]}", s3env.endpoint,
+           checksum="when_supported")
+    b.prepare()
+    write_object(b, "multi", os.urandom(11 * MIB))
+    write_object(b, "single", os.urandom(1000))
+    c = s3env.client()
+    for key in ("multi", "single"):
+        head = c.head_object(Bucket=b.bucket, Key=b._key(key), ChecksumMode="ENABLED")
+        assert any(k.startswith("ChecksumCRC32") for k in head), head.keys()
+    assert b.describe()["checksum"] == {"request": "when_supported", "response": "when_supported"}
+    b.remove_tree("multi")
+    b.remove_tree("single")
+    b.release()
+
+
+def test_abort_aborts_the_multipart_upload(s3env: MinioServer) -> None:
+    b = s3(f"s3://{s3env.bucket}/ab/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b.prepare()
+    h = b.open_write("ck/x", 20 * MIB)
+    h.write(memoryview(os.urandom(11 * MIB)))
+    h.abort()
+    ups = s3env.client().list_multipart_uploads(Bucket=b.bucket, Prefix=b._key("ck/"))
+    assert not ups.get("Uploads")
+    b.release()
+
+
+def test_remove_tree_aborts_leftover_uploads(s3env: MinioServer) -> None:
+    b = s3(f"s3://{s3env.bucket}/left/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b.prepare()
+    c = s3env.client()
+    c.create_multipart_upload(Bucket=b.bucket, Key=b._key("run/ck/x"))
+    b.remove_tree("run")
+    assert not c.list_multipart_uploads(Bucket=b.bucket, Prefix=b._key("run/")).get("Uploads")
+    b.release()
+    assert s3env.list_keys(b.bucket, b.prefix + "/") == []
+
+
+def _child_writes(b: S3Backend, key: str, q: Any) -> None:
+    try:
+        write_object(b, key, b"from the child" * 1000)
+        q.put(("ok", b.stats()["requests"]))
+    except BaseException as exc:  # noqa: BLE001
+        q.put(("error", repr(exc)))
+
+
+def test_fork_after_prepare_uses_a_client_per_process(s3env: MinioServer) -> None:
+    b = s3(f"s3://{s3env.bucket}/fork/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b.prepare()
+    parent_client = b._client()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child_writes, args=(b, f"ck/child-{i}", q)) for i in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert all(r[0] == "ok" and r[1] == 1 for r in results), results
+    assert b._client() is parent_client  # the parent's own client, untouched
+    for i in range(2):
+        assert b.get(f"ck/child-{i}") == b"from the child" * 1000
+    b.remove_tree("ck")
+    b.release()
+
+
+# --- retries: real faults in front of the real server ---
+def _data_requests(method: str, path: str) -> bool:
+    return method in ("PUT", "GET") and "/ck/" in path
+
+
+@pytest.mark.parametrize("faults, reason", [
+    (["503", "503"], "retries_throttle"),
+    (["500"], "retries_server"),
+    (["reset", "reset"], "retries_connection"),
+])
+def test_transient_errors_are_retried_and_counted(s3env: MinioServer, faults: list[str],
+                                                  reason: str) -> None:
+    with FaultProxy(s3env.endpoint, faults, _data_requests) as proxy:
+        b = s3(f"s3://{s3env.bucket}/retry/{uuid.uuid4().hex[:8]}", proxy.endpoint)
+        b.prepare()
+        b.stats()
+        data = os.urandom(12 * MIB)
+        write_object(b, "ck/x", data)
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        st = b.stats()
+        assert len(proxy.injected) == len(faults)
+        assert st["retries"] == len(faults) and st[reason] == len(faults), st
+        b.remove_tree("ck")
+        b.release()
+
+
+def test_a_body_cut_mid_read_is_retried(s3env: MinioServer) -> None:
+    b0 = s3(f"s3://{s3env.bucket}/cut/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b0.prepare()
+    data = os.urandom(3 * MIB)
+    write_object(b0, "ck/x", data)
+    with FaultProxy(s3env.endpoint, ["truncate"], lambda m, p: m == "GET" and "/ck/" in p) as proxy:
+        b = s3(b0.target, proxy.endpoint)
+        b.stats()
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        assert proxy.injected and proxy.injected[0][0] == "truncate"
+        st = b.stats()
+        assert st["retries_connection"] == 1, st
+    b0.remove_tree("ck")
+    b0.release()
+
+
+def test_retries_exhausted_is_one_line(s3env: MinioServer) -> None:
+    with FaultProxy(s3env.endpoint, ["503"] * 10, _data_requests) as proxy:
+        b = s3(f"s3://{s3env.bucket}/slow/{uuid.uuid4().hex[:8]}", proxy.endpoint, max_attempts=2)
+        b.prepare()
+        with pytest.raises(BackendError) as err:
+            write_object(b, "ck/x", b"abc")
+        msg = str(err.value)
+        assert "throttling" in msg and "SlowDown" in msg and "\n" not in msg
+        assert b.stats()["retries_throttle"] == 1, proxy.injected
+        b.remove_tree("ck")
+        b.release()
+
+
+# --- bad input: one line, no secrets ---
+def test_wrong_secret_key(s3env: MinioServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + s3env.secret_key[5:])
+    b = s3(f"s3://{s3env.bucket}/x", s3env.endpoint)
+    with pytest.raises(BackendError) as err:
+        b.prepare()
+    msg = str(err.value)
+    assert "wrong credentials" in msg and "SignatureDoesNotMatch" in msg and "allowed" in msg
+    assert s3env.secret_key[5:] not in msg and s3env.access_key not in msg
+
+
+def test_unknown_access_key(s3env: MinioServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody" + uuid.uuid4().hex[:8])
+    with pytest.raises(BackendError, match="wrong credentials .InvalidAccessKeyId"):
+        s3(f"s3://{s3env.bucket}/x", s3env.endpoint).prepare()
+
+
+def test_no_credentials(s3env: MinioServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(BackendError, match="no usable credentials"):
+        s3(f"s3://{s3env.bucket}/x", s3env.endpoint).prepare()
+
+
+def test_missing_bucket(s3env: MinioServer) -> None:
+    with pytest.raises(BackendError, match="bucket 'no-such-bucket-ckpt' does not exist"):
+        s3("s3://no-such-bucket-ckpt/x", s3env.endpoint).prepare()
+
+
+def test_unreachable_endpoint_fails_fast(s3env: MinioServer) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="cannot reach the endpoint http://127.0.0.1:"):
+        s3(f"s3://{s3env.bucket}/x", f"http://127.0.0.1:{free_port()}").prepare()
+    assert time.monotonic() - t0 < 10
+
+
+def test_endpoint_from_boto3_configuration(s3env: MinioServer,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3env.endpoint)
+    b = S3Backend(f"s3://{s3env.bucket}/envcfg/{uuid.uuid4().hex[:6]}", {})
+    b.prepare()
+    assert b.describe()["endpoint"] == s3env.endpoint
+    assert b.describe()["addressing_style"] == "path"
+    b.release()
+
+
+@pytest.mark.parametrize("target, options, match", [
+    ("s3://", {}, "not a bucket name"),
+    ("s3://Bad_Bucket/x", {}, "not a bucket name"),
+    ("s3://bucket/../x", {}, "not allowed in the prefix"),
+    ("s3://bucket/x", {"part_size": MIB}, "5 MiB to 5 GiB"),
+    ("s3://bucket/x", {"checksum": "md5"}, "allowed: when_required, when_supported"),
+    ("s3://bucket/x", {"endpoint_url": "127.0.0.1:9000"}, "http:// or https://"),
+    ("s3://bucket/x", {"colour": "blue"}, "unknown option 'colour'"),
+])
+def test_bad_options_are_one_line(target: str, options: dict[str, Any], match: str) -> None:
+    with pytest.raises(BackendError, match=match):
+        S3Backend(target, options)
+
+
+def test_describe_never_holds_credentials(s3env: MinioServer) -> None:
+    b = S3Backend(f"s3://{s3env.bucket}/d",
+                  {"endpoint_url": f"http://user:{s3env.secret_key}@127.0.0.1:{s3env.port}"})
+    text = json.dumps(b.describe())
+    assert s3env.secret_key not in text and s3env.access_key not in text
+    assert b.describe()["endpoint"] == s3env.endpoint
+    assert b.describe()["auth"] == "env"
+    assert public_endpoint("https://a:b@host:1/p?q") == "https://host:1/p"
+
+
+def test_open_backend_routes_s3() -> None:
+    assert isinstance(open_backend("s3://bucket/p", {}), S3Backend)
