@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,13 @@ def find_binary(name: str) -> str | None:
         return found
     candidate = go_bin_dir() / name
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
 
 
 def free_port() -> int:
@@ -106,6 +114,9 @@ class MinioServer:
                 start_new_session=True)
         finally:
             log.close()
+        # Even if stop() is never called (a crashed script, a killed test session), the
+        # server goes with this object or at exit: never an orphan serving a deleted dir.
+        self._finalizer = weakref.finalize(self, _terminate, self.proc)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

