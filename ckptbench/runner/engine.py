@@ -210,6 +210,7 @@ class RankEngine:
         prefill = options.prefill_bytes * max(1, len(ranks))
         per_thread = max(2, prefill // nthreads // self.block)
         self.nbuf = per_thread
+        self._held: list[_Pipeline] | None = None  # buffers kept until off the clock
         self.nthreads = nthreads
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
@@ -294,6 +295,7 @@ class RankEngine:
                     handle.abort()
 
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
+        self._held = None  # the last phase's buffers, freed here, before the clock
         groups = assign_threads(jobs, self.nthreads)
         pipes = [_Pipeline(min(self.nbuf, max(1, sum(-(-j.size // self.block) for j in g))),
                            self.block) for g in groups]
@@ -324,6 +326,8 @@ class RankEngine:
             t.start()
         for t in writers + producers:
             t.join()
+        # Unmapping a large prefill takes long: it happens after the commit, off the clock.
+        self._held = pipes
         return results
 
     # --- restore ---
@@ -406,6 +410,7 @@ class RankEngine:
 
     def restore(self, jobs: list[FileJob], manifest_key: str) -> tuple[list[ThreadResult], tuple[int, int]]:
         # Buffers are allocated and their pages faulted in before the clock starts.
+        self._held = None
         groups = assign_threads(jobs, self.nthreads)
         pipes = [_Pipeline(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
         for p in pipes:
