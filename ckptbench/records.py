@@ -4,7 +4,10 @@ Record types (``type``):
 
 * ``run``: once, first: schema, run id, workload, options, environment.
 * ``op``: one I/O call: iteration, phase (save/restore), rank, thread, op
-  (open/write/fsync/close/read/manifest/commit), file, bytes, start_ns, end_ns.
+  (open/write/fsync/close/read/manifest/commit; formats add write_meta, encode,
+  write_shard, read_shard, dcp_save, dcp_load with stored_bytes), file, bytes,
+  start_ns, end_ns.
+* ``clock``: under MPI, each node's clock offset to rank 0 (before and after the run).
 * ``rank``: one rank's phase: bytes, start_ns, end_ns and seconds spent per op kind.
 * ``phase``: what the coordinator saw: commit time, cache-avoidance method, verified.
 * ``error``: an iteration that failed, and why.
