@@ -23,7 +23,6 @@ global plan whose chunks do not cover each tensor.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptbench.errors import SpecError, VerificationError
+from ckptbench.errors import SpecError
 from ckptbench.formats.common import (
     NP_DTYPES,
     ChunkTask,
@@ -263,18 +262,8 @@ class TorchDcpEngine(RankEngine):
         import torch.distributed.checkpoint as dcp
 
         self.comm.barrier()
-        t0 = now()
-        try:
-            manifest = json.loads(self.backend.get(manifest_key))
-        except FileNotFoundError:
-            raise VerificationError(
-                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
-            ) from None
-        t1 = now()
+        manifest, (t0, t1) = self.read_manifest(manifest_key, jobs, "torch-dcp")
         expected = manifest["files"]
-        for job in jobs:
-            if manifest_name(job) not in expected:
-                raise VerificationError(f"{manifest_name(job)}: missing from the manifest {manifest_key}")
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
         tasks = chunk_tasks(self.plan, jobs)
         state, arrays = self._state_dict(tasks, fill=False)

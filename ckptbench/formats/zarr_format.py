@@ -635,21 +635,8 @@ class ZarrEngine(RankEngine):
     def restore(self, jobs: list[FileJob], manifest_key: str
                 ) -> tuple[list[ThreadResult], tuple[int, int]]:
         self.comm.barrier()
-        t0 = now()
-        try:
-            manifest = json.loads(self.backend.get(manifest_key))
-        except FileNotFoundError:
-            raise VerificationError(
-                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
-            ) from None
-        t1 = now()
-        if manifest.get("format", "zarr") != "zarr":
-            raise VerificationError(f"{manifest_key}: written as {manifest['format']!r}, not zarr")
+        manifest, (t0, t1) = self.read_manifest(manifest_key, jobs, "zarr")
         expected = manifest["files"]
-        for job in jobs:
-            name = manifest_name(job)
-            if name not in expected:
-                raise VerificationError(f"{name}: missing from the manifest {manifest_key}")
         self.store.size_hints.clear()
         self._arrays.clear()
         ckpt = self._checkpoint(jobs) if jobs else ""

@@ -408,6 +408,26 @@ class RankEngine:
         return (f"chunk {region.key} in {job.key}: bytes differ from offset "
                 f"{job.offset + region.start + first} (chunk byte {first} of {n})")
 
+    def read_manifest(self, manifest_key: str, jobs: list[FileJob],
+                      fmt: str) -> tuple[dict[str, Any], tuple[int, int]]:
+        """Read the commit manifest, timed (it is the restore's first step), and check it
+        covers `jobs` and was written in format `fmt`; refuse an uncommitted checkpoint."""
+        t0 = now()
+        try:
+            manifest = json.loads(self.backend.get(manifest_key))
+        except FileNotFoundError:
+            raise VerificationError(
+                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
+            ) from None
+        t1 = now()
+        written = manifest.get("format", "raw")
+        if written != fmt:
+            raise VerificationError(f"{manifest_key}: written as {written!r}, not {fmt!r}")
+        for job in jobs:
+            if job.name not in manifest["files"]:
+                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
+        return manifest, (t0, t1)
+
     def restore(self, jobs: list[FileJob], manifest_key: str) -> tuple[list[ThreadResult], tuple[int, int]]:
         # Buffers are allocated and their pages faulted in before the clock starts.
         self._held = None
@@ -417,18 +437,8 @@ class RankEngine:
             for buf in p.buffers:
                 buf[::mmap.PAGESIZE] = 0
         self.comm.barrier()
-        t0 = now()
-        try:
-            manifest = json.loads(self.backend.get(manifest_key))
-        except FileNotFoundError:
-            raise VerificationError(
-                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
-            ) from None
-        t1 = now()
+        manifest, span = self.read_manifest(manifest_key, jobs, "raw")
         expected = manifest["files"]
-        for job in jobs:
-            if job.name not in expected:
-                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
         results = [ThreadResult() for _ in groups]
         threads = []
         for p, g, r in zip(pipes, groups, results, strict=True):
@@ -438,7 +448,7 @@ class RankEngine:
             t.start()
         for t in threads:
             t.join()
-        return results, (t0, t1)
+        return results, span
 
 
 def first_error(results: list[ThreadResult]) -> BaseException | None:
