@@ -14,7 +14,8 @@ Like fio, whose buffers are filled before it starts, ckptbench is given a --pref
 enough to generate each rank's payload before its clock starts; the bytes are still
 unique per block, file and iteration, and every byte is verified on restore.
 
-Runs alternate (fio, ckptbench, fio, ...) so drift hits both; the ratio printed is
+Runs alternate in ABBA order (fio, ckptbench, ckptbench, fio, ...) so drift and the
+other tool's file deletions hit both; the ratio printed is
 ckptbench's median over fio's median. fio bandwidth is total bytes / slowest job's time
 (group_reporting), which is ckptbench's aggregate definition too.
 
@@ -107,19 +108,22 @@ def main() -> int:
     for mode in args.modes.split(","):
         direct = mode == "direct"
         fio_w, fio_r, ck_w, ck_r = [], [], [], []
-        for _ in range(args.repeat):
-            fdir = base / "fio"
-            fdir.mkdir(exist_ok=True)
-            drop_caches()
-            fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
-            drop_caches()
-            fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
-            shutil.rmtree(fdir)
-            drop_caches()
-            w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs, direct,
-                                 max(sizes) + args.bs)
-            ck_w.append(w)
-            ck_r.append(r)
+        for i in range(args.repeat):
+            # A B, B A, ...: neither tool always runs right after the other's deletes.
+            for tool in ("fio", "ckptbench") if i % 2 == 0 else ("ckptbench", "fio"):
+                drop_caches()
+                if tool == "fio":
+                    fdir = base / "fio"
+                    fdir.mkdir(exist_ok=True)
+                    fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
+                    drop_caches()
+                    fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
+                    shutil.rmtree(fdir)
+                else:
+                    w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
+                                         direct, max(sizes) + args.bs)
+                    ck_w.append(w)
+                    ck_r.append(r)
         for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
             fm, cm = statistics.median(f), statistics.median(c)
             rows.append((mode, phase, fm, cm, cm / fm, f, c))
