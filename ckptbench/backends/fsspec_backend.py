@@ -262,15 +262,9 @@ class FsspecBackend(Backend):
     def drop_cache(self, keys: list[str]) -> str:
         if not self.local:
             return "none"
-        for key in keys:
-            try:
-                fd = os.open(self.fs._strip_protocol(self._path(key)), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        from ckptbench.backends.local import evict_from_page_cache
+
+        evict_from_page_cache(self.fs._strip_protocol(self._path(key)) for key in keys)
         return "fadvise"
 
     def public_options(self) -> dict[str, Any]:
