@@ -99,7 +99,7 @@ def main() -> int:
         return 2
     plan = build_plan(scaled(load_workload(args.workload), args.scale))
     ranks = parse_ranks(args.ranks, plan.world_size)
-    sizes = [int(plan.rank_bytes()[r]) for r in ranks]
+    sizes = plan.rank_bytes()[ranks].tolist()
     base = args.dir or Path(tempfile.mkdtemp(prefix="vs_fio-"))
     base.mkdir(parents=True, exist_ok=True)
     print(f"workload {args.workload.name} --scale {args.scale} --ranks {args.ranks}: "

@@ -55,7 +55,18 @@ def os_error(path: str | Path, exc: OSError) -> BackendError:
     return BackendError(f"{path}: {reason}")
 
 
-class _FileWriter(WriteHandle):
+class _FdCloser:
+    """Closing an open file descriptor once, for the file handles below."""
+
+    fd: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _FileWriter(_FdCloser, WriteHandle):
     """A new file written from offset 0; or, with `region`, a region of an existing file
     shared with other writers: (offset, size of the whole file)."""
 
@@ -105,13 +116,8 @@ class _FileWriter(WriteHandle):
         except OSError as exc:
             raise os_error(self.path, exc) from None
 
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
-
-class _FileReader(ReadHandle):
+class _FileReader(_FdCloser, ReadHandle):
     def __init__(self, path: Path, direct: bool) -> None:
         self.path = path
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
@@ -125,11 +131,6 @@ class _FileReader(ReadHandle):
             return os.preadv(self.fd, [buf], offset)
         except OSError as exc:
             raise os_error(self.path, exc) from None
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def _fsync_dir(path: Path) -> None:

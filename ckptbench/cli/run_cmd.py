@@ -171,7 +171,7 @@ def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, r
     )
     backend = open_backend(target, build_backend_options(target, options.threads, backend_cli))
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
-    per_iter = int(sum(int(plan.rank_bytes()[r]) for r in selected))
+    per_iter = plan.bytes_of_ranks(selected)
     total = per_iter * iterations * (1 if no_restore else 2)
     console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,

@@ -474,19 +474,11 @@ class ZarrEngine(RankEngine):
                 done = _Countdown(len(futures), self._chunk_done(feed, t, buf))
                 for f in futures:
                     f.add_done_callback(done)
-                pending += futures
-                failed = [f.exception() for f in pending if f.done() and f.exception()]
-                if failed:
-                    raise failed[0]  # type: ignore[misc]
-                pending = [f for f in pending if not f.done()]
+                pending = _still_running(pending + futures)
         except BaseException as exc:  # noqa: BLE001 - reported to the group
             res.error = res.error or exc
             feed.stop()
-        for f in pending:
-            failure = f.exception()
-            if failure is not None and res.error is None:
-                res.error = failure
-                feed.stop()
+        _settle(pending, feed, res)
 
     def _chunk_done(self, feed: _Feed, t: ChunkTask, buf: np.ndarray | None) -> Any:
         def done() -> None:
@@ -584,19 +576,12 @@ class ZarrEngine(RankEngine):
             for t in tasks:
                 if not feed.reserve(t.nbytes):
                     break
-                pending.append(self.pool.submit(self._read_chunk, t, ckpt, feed, res))
-                failed = [f.exception() for f in pending if f.done() and f.exception()]
-                if failed:
-                    raise failed[0]  # type: ignore[misc]
-                pending = [f for f in pending if not f.done()]
+                pending = _still_running(
+                    [*pending, self.pool.submit(self._read_chunk, t, ckpt, feed, res)])
         except BaseException as exc:  # noqa: BLE001 - reported to the group
-            res.error = exc
+            res.error = res.error or exc
             feed.stop()
-        for f in pending:
-            failure = f.exception()
-            if failure is not None and res.error is None:
-                res.error = failure
-                feed.stop()
+        _settle(pending, feed, res)
         feed.q.put(None)
 
     def _verify_feed(self, feed: _Feed, ckpt: str, expected: dict[str, Any], res: ThreadResult) -> None:
@@ -653,6 +638,23 @@ class ZarrEngine(RankEngine):
         for t in threads:
             t.join()
         return results, (t0, t1)
+
+
+def _still_running(pending: list[Future[None]]) -> list[Future[None]]:
+    """Raise the first failure among finished I/O futures; keep the unfinished ones."""
+    for f in pending:
+        if f.done() and f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+    return [f for f in pending if not f.done()]
+
+
+def _settle(pending: list[Future[None]], feed: _Feed, res: ThreadResult) -> None:
+    """Wait for the I/O still in flight; its first failure is the thread's error."""
+    for f in pending:
+        failure = f.exception()
+        if failure is not None and res.error is None:
+            res.error = failure
+            feed.stop()
 
 
 class _Countdown:

@@ -32,7 +32,7 @@ from ckptbench.errors import BackendError
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
 
-    from ckptbench.backends import Backend
+    from ckptbench.backends import Backend, ReadHandle
 
 MAX_READ = 256 << 20  # bytes per readinto call (one preadv is capped near 2 GiB)
 
@@ -123,14 +123,20 @@ class BackendStore(Store):
         handle.close()
         return n, written
 
-    def read_all(self, key: str) -> np.ndarray | None:
-        """The whole object (None when it does not exist)."""
+    def _open_or_none(self, key: str) -> ReadHandle | None:
+        """A read handle, or None when the object does not exist (zarr's 'missing')."""
         try:
-            handle = self.backend.open_read(key)
+            return self.backend.open_read(key)
         except (FileNotFoundError, BackendError):
             if not self.backend.exists(key):
                 return None
             raise
+
+    def read_all(self, key: str) -> np.ndarray | None:
+        """The whole object (None when it does not exist)."""
+        handle = self._open_or_none(key)
+        if handle is None:
+            return None
         try:
             cap = _round_up(self.size_hints.get(key, 1 << 20) + self.alignment, self.alignment)
             buf = _buffer(cap, self.alignment)
@@ -153,12 +159,9 @@ class BackendStore(Store):
     def read_range(self, key: str, start: int, end: int) -> np.ndarray | None:
         a0 = start // self.alignment * self.alignment
         a1 = _round_up(end, self.alignment)
-        try:
-            handle = self.backend.open_read(key)
-        except (FileNotFoundError, BackendError):
-            if not self.backend.exists(key):
-                return None
-            raise
+        handle = self._open_or_none(key)
+        if handle is None:
+            return None
         try:
             buf = _buffer(a1 - a0, self.alignment)
             got = handle.readinto(a0, memoryview(buf)[:a1 - a0])  # type: ignore[arg-type]

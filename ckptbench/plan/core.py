@@ -117,6 +117,10 @@ class Plan:
         return np.bincount(self.file_rank, weights=self.file_bytes,
                            minlength=self.world_size).astype(np.int64)
 
+    def bytes_of_ranks(self, ranks: list[int]) -> int:
+        """Bytes a subset of ranks writes per checkpoint."""
+        return int(self.rank_bytes()[ranks].sum()) if ranks else 0
+
     # --- views ---
     def files_of_rank(self, rank: int) -> range:
         ptr = self._rank_ptr  # type: ignore[attr-defined]

@@ -93,7 +93,7 @@ def run_record(req: RunRequest, launcher: str, extra: dict[str, Any] | None = No
         "run_workload": req.plan.workload.to_dict(),
         "plan": plan_summary(req.plan),
         "ranks": req.ranks,
-        "bytes_per_iteration": int(sum(int(req.plan.rank_bytes()[r]) for r in req.ranks)),
+        "bytes_per_iteration": req.plan.bytes_of_ranks(req.ranks),
         "options": req.options.to_dict(),
         "environment": environment(req.backend.describe()),
         **(extra or {}),
