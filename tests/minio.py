@@ -59,7 +59,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class MinioServer:
+class _Loopback:
+    """An HTTP service of the tests on 127.0.0.1:port."""
+
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint_url(self) -> str:  # boto3's spelling
+        return self.endpoint
+
+
+class MinioServer(_Loopback):
     """One MinIO process: `with MinioServer() as m: m.endpoint, m.env(), m.make_bucket()`."""
 
     def __init__(self, binary: str | None = None, data_dir: str | Path | None = None,
@@ -82,14 +96,6 @@ class MinioServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"minio-{self.port}.log" if self._tmp is None \
             else Path(self._tmp.name + ".log")
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def endpoint_url(self) -> str:  # boto3's spelling
-        return self.endpoint
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """An environment whose boto3 standard chain reaches this server."""
@@ -199,7 +205,7 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te
         "upgrade", "expect"}
 
 
-class FaultProxy:
+class FaultProxy(_Loopback):
     """A tiny HTTP/1.1 proxy on 127.0.0.1 in front of an S3 endpoint.
 
     Requests that `match(method, path)` consume the queued `faults` one each, in order:
@@ -307,14 +313,6 @@ class FaultProxy:
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def endpoint_url(self) -> str:  # boto3's spelling
-        return self.endpoint
 
     def start(self) -> FaultProxy:
         self.thread.start()
