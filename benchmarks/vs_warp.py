@@ -11,10 +11,15 @@ C I/O threads, so C objects move at once). Two modes, each compared like with li
              the other: warp's data reader has no ReadAt)    vs  --part-size 16MiB
                                                                  --s3-concurrency 1
 
-warp GETs each object whole; ckptbench restores it with one GET per block (single:
---block-size S, one GET per object; multipart: --block-size 16MiB, four ranged GETs one
-after the other). Both sign payloads with SHA-256 over http (warp's and botocore's
-default). ckptbench's numbers include what the benchmark is for: every byte restored is
+warp GETs each object whole; so does ckptbench (--block-size S --s3-concurrency 1: one
+GET per object, read into one buffer), in both modes.
+
+Payload signing is compared like with like (--signing): "signed" is both tools' default
+over http (a SHA-256 of every body in the signature: warp's streaming signature,
+botocore's signed payload); "unsigned" sends UNSIGNED-PAYLOAD from both (warp
+--disable-sha256-payload, ckptbench --s3-payload-signing off), as both do over https.
+
+ckptbench's numbers include what the benchmark is for: every byte restored is
 verified against its digest, and the payload is generated and hashed while it is saved.
 
     python benchmarks/vs_warp.py                      # starts its own MinIO (tests/minio.py)
@@ -106,7 +111,8 @@ def child_cpu() -> float:
 
 
 def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int,
-             concurrency: int, duration: str, multipart: bool, workdir: Path) -> tuple[float, float]:
+             concurrency: int, duration: str, multipart: bool, signed: bool,
+             workdir: Path) -> tuple[float, float]:
     """warp's average throughput for `op` in bytes/s, and its CPU seconds per GB moved
     (including its preparation: for `get`, uploading the objects first)."""
     warp = find_binary("warp")
@@ -118,6 +124,8 @@ def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int
            "--benchdata", str(workdir / f"warp-{op}")]
     if op == "put" and not multipart:
         cmd.append("--disable-multipart")
+    if not signed:
+        cmd.append("--disable-sha256-payload")
     if op == "get":
         cmd += ["--objects", str(max(2 * concurrency, 8))]
     cpu0 = child_cpu()
@@ -133,7 +141,7 @@ def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int
 
 def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
                   concurrency: int, objects: int, iterations: int, multipart: bool,
-                  workdir: Path, extra: list[str]) -> dict[str, float]:
+                  signed: bool, workdir: Path, extra: list[str]) -> dict[str, float]:
     """ckptbench's median save and restore throughput in bytes/s, and its CPU seconds per
     GB saved or restored (its start-up, payload generation and verification included)."""
     wl = workdir / "vs-warp.toml"
@@ -142,12 +150,11 @@ def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int
     cmd = [sys.executable, "-m", "ckptbench", "run", str(wl), "--target", f"s3://{bucket}/vs-warp",
            "--endpoint-url", endpoint, "--threads", str(concurrency),
            "--iterations", str(iterations), "--results", str(results), "--json",
-           "--prefill", f"{2 * concurrency * obj_size}"]
-    if multipart:
-        cmd += ["--part-size", "16MiB", "--s3-concurrency", "1", "--block-size", "16MiB"]
-    else:
-        cmd += ["--part-size", str(obj_size), "--s3-concurrency", "1",
-                "--block-size", str(obj_size)]
+           "--prefill", f"{2 * concurrency * obj_size}",
+           "--s3-payload-signing", "on" if signed else "off"]
+    # One block per object: each restore is one GET of the whole object, as warp's GETs are.
+    cmd += ["--part-size", "16MiB" if multipart else str(obj_size), "--s3-concurrency", "1",
+            "--block-size", str(obj_size)]
     cmd += extra
     cpu0 = child_cpu()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=workdir)
@@ -173,12 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=3, help="ckptbench iterations (median)")
     ap.add_argument("--repeat", type=int, default=1, help="alternate warp/ckptbench N times")
     ap.add_argument("--mode", choices=["single", "multipart", "both"], default="both")
+    ap.add_argument("--signing", choices=["signed", "unsigned", "both"], default="both",
+                    help="payload signing of both tools (see above)")
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
     obj_size = parse_size(a.obj_size)
     objects = a.objects or 8 * a.concurrency
-    modes = ["single", "multipart"] if a.mode == "both" else [a.mode]
+    modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
+             for sg in (["signed", "unsigned"] if a.signing == "both" else [a.signing])]
 
     load0 = os.getloadavg()
     server: MinioServer | None = None
@@ -203,19 +213,19 @@ def main(argv: list[str] | None = None) -> int:
         host = endpoint.split("://", 1)[1].rstrip("/")
         rows: dict[str, dict[str, list[float]]] = {}
         try:
-            for mode in modes:
-                mp = mode == "multipart"
-                r = rows.setdefault(mode, {k: [] for k in (
+            for mode, signing in modes:
+                mp, signed = mode == "multipart", signing == "signed"
+                r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
                     "cpu_ckptbench")})
                 for _ in range(a.repeat):
                     for op in ("put", "get"):
                         rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
-                                             a.concurrency, a.duration, mp, workdir)
+                                             a.concurrency, a.duration, mp, signed, workdir)
                         r[f"warp_{op}"].append(rate)
                         r[f"cpu_warp_{op}"].append(cpu)
                     ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
-                                       a.iterations, mp, workdir, a.ckptbench_args)
+                                       a.iterations, mp, signed, workdir, a.ckptbench_args)
                     r["save"].append(ck["save"])
                     r["restore"].append(ck["restore"])
                     r["cpu_ckptbench"].append(ck["cpu_per_gb"])
@@ -228,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nobject size {obj_size / MIB:g} MiB, concurrency {a.concurrency}, endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
           f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s)")
-    print(f"{'mode':<10} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7}   "
+    print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7}   "
           "runs (warp | ckptbench)")
     for mode, m in med.items():
         for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
             runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
                     + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][c]))
-            print(f"{mode:<10} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
+            print(f"{mode:<19} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
                   f"{m[c] / m[w]:>7.2f}   {runs}")
     print("client CPU s/GB moved (median; the other part of a 2-core box's CPU is MinIO's): "
           + "; ".join(f"{mode}: warp put {m['cpu_warp_put']:.2f}, get {m['cpu_warp_get']:.2f} "

@@ -30,7 +30,7 @@ import re
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
@@ -145,6 +145,10 @@ class S3Backend(Backend):
         if self.payload_signing not in PAYLOAD_SIGNING:
             raise BackendError(f"--s3-payload-signing {self.payload_signing!r}; allowed: "
                                f"{', '.join(PAYLOAD_SIGNING)}")
+        # Bodies are sent from the caller's memory rather than copied into bytes (see
+        # _ViewBody); botocore's CRC32 request checksums want bytes, so --s3-checksum
+        # when_supported copies.
+        self.zero_copy = self.checksum == "when_required"
         self.max_attempts = int(o["max_attempts"])
         if self.max_attempts < 1:
             raise BackendError(f"--s3-max-attempts {self.max_attempts}: allowed: 1 or more")
@@ -473,6 +477,13 @@ class S3Backend(Backend):
             if len(proc.buffers) * self.part_size < 512 * MIB:
                 proc.buffers.append(buf)
 
+    def body(self, buf: bytearray | memoryview, n: int) -> Any:
+        """The first n bytes of `buf` as a request body: a bytearray as it is; other memory
+        read in place (:class:`_ViewBody`) or, when botocore must see bytes, copied."""
+        if n == len(buf) and isinstance(buf, bytearray):
+            return buf
+        return _ViewBody(memoryview(buf)[:n]) if self.zero_copy else bytes(memoryview(buf)[:n])
+
     def part_size_for(self, size: int) -> int:
         """The part size, raised for objects that would need more than 10,000 parts."""
         need = -(-size // MAX_PARTS)
@@ -563,19 +574,36 @@ class _S3Writer(WriteHandle):
         view = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
         view = view[:max(0, self.size - self.received)]  # never past the object's size
         self.received += len(view)
-        while len(view):
-            if self.buf is None:  # sized to what this part will hold: sent whole, no copy
-                start = (self.next_part - 1) * self.part_size
-                self.buf = self.b.take_buffer(min(self.part_size, self.size - start))
-                self.fill = 0
-            n = min(len(view), len(self.buf) - self.fill)
-            # Through a memoryview: bytearray slice assignment from a non-bytearray makes a
-            # temporary copy of the source first (a second copy, and fresh pages to fault).
-            memoryview(self.buf)[self.fill:self.fill + n] = view[:n]
-            self.fill += n
-            view = view[n:]
-            if self.multipart and self.fill == len(self.buf):
-                self._send_part()
+        borrowed: list[Future[dict[str, Any]]] = []  # parts sent from the caller's buffer
+        try:
+            while len(view):
+                if self.buf is None:
+                    start = (self.next_part - 1) * self.part_size
+                    want = min(self.part_size, self.size - start)
+                    if self.b.zero_copy and len(view) >= want:
+                        # A whole part (or the whole object) is in the caller's buffer: sent
+                        # from there, not copied; the caller gets it back once it is stored.
+                        if self.multipart:
+                            borrowed.append(self._submit(view[:want], want, pooled=False))
+                        else:
+                            self._put(self.b.body(view, want))
+                        view = view[want:]
+                        continue
+                    # sized to what this part will hold: sent whole, no second copy
+                    self.buf = self.b.take_buffer(want)
+                    self.fill = 0
+                n = min(len(view), len(self.buf) - self.fill)
+                # Through a memoryview: bytearray slice assignment from a non-bytearray makes
+                # a temporary copy of the source first (a second copy, and fresh pages to fault).
+                memoryview(self.buf)[self.fill:self.fill + n] = view[:n]
+                self.fill += n
+                view = view[n:]
+                if self.multipart and self.fill == len(self.buf):
+                    self._send_part()
+        finally:
+            if borrowed:  # no part may still read the caller's buffer when we return
+                wait(borrowed)
+        self._harvest(block=False)
 
     def _harvest(self, block: bool) -> None:
         if not self.pending:
@@ -586,21 +614,30 @@ class _S3Writer(WriteHandle):
             self.parts.append(fut.result())  # raises the part's BackendError
 
     def _send_part(self) -> None:
-        assert self.buf is not None and self.upload_id is not None
+        """Upload the filled part buffer (returned to the pool once sent)."""
+        assert self.buf is not None
+        buf, n = self.buf, self.fill
+        self.buf, self.fill = None, 0
+        self._submit(buf, n, pooled=True)
+
+    def _submit(self, body: bytearray | memoryview, n: int, pooled: bool) -> Future[dict[str, Any]]:
+        """Start uploading the next part, at most `concurrency` parts in flight."""
+        assert self.upload_id is not None
         self._harvest(block=False)
         while len(self.pending) >= self.b.concurrency:
             self._harvest(block=True)
-        buf, n = self.buf, self.fill
-        self.buf, self.fill = None, 0
         number = self.next_part
         self.next_part += 1
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.b.concurrency, thread_name_prefix="ckptbench-s3")
-        self.pending.add(self.pool.submit(self._upload_part, number, buf, n))
+        fut = self.pool.submit(self._upload_part, number, body, n, pooled)
+        self.pending.add(fut)
+        return fut
 
-    def _upload_part(self, number: int, buf: bytearray, n: int) -> dict[str, Any]:
+    def _upload_part(self, number: int, buf: bytearray | memoryview, n: int,
+                     pooled: bool) -> dict[str, Any]:
         try:
-            body = buf if n == len(buf) else bytes(memoryview(buf)[:n])  # botocore: no views
+            body = self.b.body(buf, n)
             with self.b.calls(f"upload part {number} of {self.name}"):
                 resp = self.client.upload_part(Bucket=self.b.bucket, Key=self.key,
                                                UploadId=self.upload_id, PartNumber=number, Body=body)
@@ -609,17 +646,21 @@ class _S3Writer(WriteHandle):
                 part["ChecksumCRC32"] = resp["ChecksumCRC32"]
             return part
         finally:
-            self.b.give_buffer(buf)
+            if pooled:
+                self.b.give_buffer(cast(bytearray, buf))
+
+    def _put(self, body: Any) -> None:
+        """The whole object in one PUT."""
+        with self.b.calls(f"put {self.name}"):
+            self.client.put_object(Bucket=self.b.bucket, Key=self.key, Body=body)
+        self.done = True
 
     def sync(self) -> None:
         if self.done:
             return
         b = self.b
         if not self.multipart:
-            body: Any = b"" if self.buf is None else (
-                self.buf if self.fill == len(self.buf) else bytes(memoryview(self.buf)[:self.fill]))
-            with b.calls(f"put {self.name}"):
-                self.client.put_object(Bucket=b.bucket, Key=self.key, Body=body)
+            self._put(b"" if self.buf is None else b.body(self.buf, self.fill))
         else:
             if self.fill:
                 self._send_part()
@@ -654,6 +695,39 @@ class _S3Writer(WriteHandle):
                 self.b._client("quick").abort_multipart_upload(
                     Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id)
             self.done = True
+
+
+class _ViewBody:
+    """A request body read in place from memory the caller owns, without a copy.
+
+    botocore takes bytes, bytearray or a file: a memoryview fails its parameter check, and
+    a retry would try to rewind it. As a file, botocore hashes it for the signature and
+    seeks back, urllib3 sends what read() returns, and a retry rewinds it. read() hands out
+    at least 1 MiB at a time, views not copies, so a 64 MiB body is 64 sends, not 4,096."""
+
+    CHUNK = 1 * MIB
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def read(self, amt: int | None = -1) -> memoryview:
+        end = len(self.view) if amt is None or amt < 0 else min(
+            len(self.view), self.pos + max(amt, self.CHUNK))
+        out = self.view[self.pos:end]
+        self.pos = max(self.pos, end)
+        return out
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]
+        self.pos = min(max(0, base + pos), len(self.view))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
 
 
 class _S3Reader(ReadHandle):

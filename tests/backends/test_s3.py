@@ -184,6 +184,26 @@ def test_transient_errors_are_retried_and_counted(s3env: MinioServer, faults: li
         b.release()
 
 
+@pytest.mark.parametrize("size", [20 * MIB + 3, 5 * MIB], ids=["multipart", "single"])
+@pytest.mark.parametrize("fault", ["503", "reset"])
+def test_bodies_sent_in_place_are_resent_whole(s3env: MinioServer, size: int, fault: str) -> None:
+    """Parts and objects sent straight from the caller's buffer (no copy) are rewound and
+    sent again whole on a retry, and the caller's buffer is free when write() returns."""
+    with FaultProxy(s3env.endpoint, [fault], lambda m, p: m == "PUT" and "/ck/" in p) as proxy:
+        b = s3(f"s3://{s3env.bucket}/inplace/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               concurrency=2)
+        assert b.zero_copy
+        b.prepare()
+        b.stats()
+        data = os.urandom(size)
+        write_object(b, "ck/x", data, block=24 * MIB)  # one write() holds every part
+        assert proxy.injected and proxy.injected[0][0] == fault
+        assert b.stats()["retries"] == 1
+        assert read_at(b, "ck/x", 0, size) == data
+        b.remove_tree("ck")
+        b.release()
+
+
 def test_a_body_cut_mid_read_is_retried(s3env: MinioServer) -> None:
     b0 = s3(f"s3://{s3env.bucket}/cut/{uuid.uuid4().hex[:8]}", s3env.endpoint)
     b0.prepare()
