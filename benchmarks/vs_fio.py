@@ -25,8 +25,9 @@ Measured here: a new 718 MiB buffered file took 0.15 s to write right after an u
 and 0.7-1.7 s two to five seconds later. Settling puts both tools in the same state.
 
 Runs alternate in ABBA order (fio, ckptbench, ckptbench, fio, ...) so drift and the
-other tool's file deletions hit both; the ratio printed is
-ckptbench's median over fio's median. fio bandwidth is total bytes / slowest job's time
+other tool's file deletions hit both. Two ratios are printed: ckptbench's median over
+fio's median ("ratio"), and the median of the ratios of each run pair ("pairs", which
+holds better when the machine's speed drifts between pairs). fio bandwidth is total bytes / slowest job's time
 (group_reporting), which is ckptbench's aggregate definition too.
 
     python benchmarks/vs_fio.py --dir /mnt/nvme/bench --repeat 5
@@ -149,10 +150,12 @@ def main() -> int:
         for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
             fm, cm = statistics.median(f), statistics.median(c)
             rows.append((mode, phase, fm, cm, cm / fm, f, c))
-    print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s}   runs (fio | ckptbench)")
+    print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "
+          f"{'pairs':>6s}   runs (fio | ckptbench)")
     for mode, phase, fm, cm, ratio, f, c in rows:
+        pairs = statistics.median(b / a for a, b in zip(f, c, strict=True))
         runs = " ".join(f"{x / 1e9:.2f}" for x in f) + " | " + " ".join(f"{x / 1e9:.2f}" for x in c)
-        print(f"{mode:9s} {phase:8s} {fm / 1e9:9.3f} {cm / 1e9:10.3f} {ratio:6.2f}   {runs}")
+        print(f"{mode:9s} {phase:8s} {fm / 1e9:9.3f} {cm / 1e9:10.3f} {ratio:6.2f} {pairs:6.2f}   {runs}")
     if args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0

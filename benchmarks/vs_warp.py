@@ -26,7 +26,9 @@ verified against its digest, and the payload is generated and hashed while it is
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
-Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore).
+Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
+the ratio of the medians, and the median of the ratios of each alternating run pair
+("pairs", which holds better when the machine's speed drifts between pairs).
 """
 
 from __future__ import annotations
@@ -238,14 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nobject size {obj_size / MIB:g} MiB, concurrency {a.concurrency}, endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
           f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s)")
-    print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7}   "
-          "runs (warp | ckptbench)")
+    print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7} "
+          f"{'pairs':>6}   runs (warp | ckptbench)")
     for mode, m in med.items():
         for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
             runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
                     + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][c]))
+            pairs = statistics.median(b / a for a, b in zip(rows[mode][w], rows[mode][c], strict=True))
             print(f"{mode:<19} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
-                  f"{m[c] / m[w]:>7.2f}   {runs}")
+                  f"{m[c] / m[w]:>7.2f} {pairs:>6.2f}   {runs}")
     print("client CPU s/GB moved (median; the other part of a 2-core box's CPU is MinIO's): "
           + "; ".join(f"{mode}: warp put {m['cpu_warp_put']:.2f}, get {m['cpu_warp_get']:.2f} "
                       f"(incl. uploading its objects), ckptbench save+restore "
