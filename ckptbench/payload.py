@@ -190,7 +190,7 @@ class PayloadGenerator:
 
 
 def digest(data: memoryview | np.ndarray | bytes) -> int:
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data.data if isinstance(data, np.ndarray) else data)
 
 
 class ChunkHasher:
@@ -211,7 +211,7 @@ class ChunkHasher:
             r = self.regions[i]
             a, b = max(r.start, start), min(r.end, end)
             if a < b:
-                self.hashers[i].update(data[a - start:b - start])
+                self.hashers[i].update(data[a - start:b - start].data)
             i += 1
 
     def digests(self) -> list[int]:

@@ -278,6 +278,7 @@ class RankEngine:
                 if i is None:
                     continue
                 view = memoryview(pipe.buffers[i])[:padded]  # type: ignore[arg-type]
+                assert handle is not None  # opened at the file's first block
                 t0 = now()
                 handle.write(view)
                 t1 = now()
