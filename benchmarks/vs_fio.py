@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
+from ckptbench.errors import SpecError  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
 
@@ -115,17 +116,21 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=8.0,
                     help="seconds to wait after dropping caches before each save (see above)")
     args = ap.parse_args()
+    try:
+        prefill_size = None if args.prefill == "rank" else parse_size(args.prefill, "--prefill")
+    except SpecError as exc:
+        ap.error(str(exc))
     if not shutil.which("fio"):
         print("fio is not installed (apt-get install fio)", file=sys.stderr)
         return 2
     plan = build_plan(scaled(load_workload(args.workload), args.scale))
     ranks = parse_ranks(args.ranks, plan.world_size)
     sizes = plan.rank_bytes()[ranks].tolist()
+    prefill = prefill_size or max(sizes) + args.bs  # 'rank': all of a rank's payload
     base = args.dir or Path(tempfile.mkdtemp(prefix="vs_fio-"))
     base.mkdir(parents=True, exist_ok=True)
     print(f"workload {args.workload.name} --scale {args.scale} --ranks {args.ranks}: "
           f"{len(sizes)} files/jobs, {sum(sizes) / 2**30:.3f} GiB, bs {args.bs >> 20} MiB, dir {base}")
-    prefill = max(sizes) + args.bs if args.prefill == "rank" else parse_size(args.prefill, "--prefill")
     rows = []
     for mode in args.modes.split(","):
         direct = mode == "direct"

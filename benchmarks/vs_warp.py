@@ -53,18 +53,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
+from ckptbench.cli.run_cmd import parse_size  # noqa: E402
+from ckptbench.errors import SpecError  # noqa: E402
+
 MIB = 1 << 20
 WARP_AVG = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Average:\s*([\d.]+)\s*"
                       r"(KiB|MiB|GiB)/s", re.DOTALL)
 UNIT = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise SystemExit(f"vs_warp: {text!r} is not a size (e.g. 64MiB)")
-    unit = (m.group(2) or "").upper()[:1]
-    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
 
 
 def workload(obj_size: int, objects: int) -> str:
@@ -190,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
-    obj_size = parse_size(a.obj_size)
+    try:
+        obj_size = parse_size(a.obj_size, "--obj-size")
+    except SpecError as exc:
+        ap.error(str(exc))
     objects = a.objects or 8 * a.concurrency
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
              for sg in (["signed", "unsigned"] if a.signing == "both" else [a.signing])]

@@ -129,7 +129,7 @@ class _FileReader(_FdCloser, ReadHandle):
             self.fd = os.open(path, flags)
         except OSError as exc:
             raise os_error(path, exc) from None
-        if not direct and hasattr(os, "posix_fadvise"):
+        if not direct:
             with contextlib.suppress(OSError):  # a hint: file systems may not take it
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
