@@ -16,13 +16,10 @@ Like fio, whose buffers are filled before it starts, ckptbench is given a --pref
 enough to generate each rank's payload before its clock starts; the bytes are still
 unique per block, file and iteration, and every byte is verified on restore.
 
-Before each tool's save, the page cache is dropped and the machine is left --settle
-seconds to settle. On virtual machines with free page reporting (Firecracker, and
-others with a balloon device) memory freed by the cache drop is handed back to the host
-within seconds, and faulting it back in costs more than writing it: a tool that writes
-within a second of the drop gets pre-faulted pages, a tool that starts later does not.
-Measured here: a new 718 MiB buffered file took 0.15 s to write right after an unlink
-and 0.7-1.7 s two to five seconds later. Settling puts both tools in the same state.
+Before each tool's save the page cache is dropped, the machine is left --settle seconds,
+and --warm-memory is touched by a process that exits at once (machine_state.py says why:
+on virtual machines with free page reporting, the tool that holds more memory or starts
+later after a cache drop otherwise pays for faulting the host's pages back in).
 
 Runs alternate in ABBA order (fio, ckptbench, ckptbench, fio, ...) so drift and the
 other tool's file deletions hit both. Two ratios are printed: ckptbench's median over
@@ -36,7 +33,6 @@ holds better when the machine's speed drifts between pairs). fio bandwidth is to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import statistics
@@ -49,16 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.machine_state import drop_caches, parse_warm, warm_memory, warm_size  # noqa: E402
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    with contextlib.suppress(OSError):  # not root: fio's invalidate=1 still applies
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> str:
@@ -76,8 +67,10 @@ def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: st
 def run_fio(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> float:
     job = directory / f"job-{rw}.fio"
     job.write_text(fio_jobfile(directory, sizes, bs, direct, rw))
-    out = subprocess.run(["fio", "--output-format=json", str(job)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(["fio", "--output-format=json", str(job)], capture_output=True, text=True)
+    if out.returncode:
+        last = (out.stderr or out.stdout).strip().splitlines() or ["no output"]
+        raise SystemExit(f"vs_fio: fio {rw} failed ({out.returncode}): {last[-1]}")
     data = json.loads(out.stdout[out.stdout.index("{"):])
     side = data["jobs"][0]["write" if rw == "write" else "read"]
     return float(side["bw_bytes"])
@@ -115,9 +108,13 @@ def main() -> int:
                     "on the clock) or a size such as 64MiB (ckptbench's default)")
     ap.add_argument("--settle", type=float, default=8.0,
                     help="seconds to wait after dropping caches before each save (see above)")
+    ap.add_argument("--warm-memory", default="auto",
+                    help="memory to touch (then free) before each save, after the settle; 'auto' "
+                    "is twice the bytes saved plus 1 GiB, at most half the available memory; 0: none")
     args = ap.parse_args()
     try:
         prefill_size = None if args.prefill == "rank" else parse_size(args.prefill, "--prefill")
+        warm = parse_warm(args.warm_memory)
     except SpecError as exc:
         ap.error(str(exc))
     if not shutil.which("fio"):
@@ -126,11 +123,20 @@ def main() -> int:
     plan = build_plan(scaled(load_workload(args.workload), args.scale))
     ranks = parse_ranks(args.ranks, plan.world_size)
     sizes = plan.rank_bytes()[ranks].tolist()
+    if min(sizes) < args.bs:
+        ap.error(f"--scale {args.scale}: a rank has {min(sizes)} bytes, less than --bs {args.bs}; "
+                 "fio writes whole blocks only")
     prefill = prefill_size or max(sizes) + args.bs  # 'rank': all of a rank's payload
+    if warm is None:
+        warm = warm_size(sum(sizes))
     base = args.dir or Path(tempfile.mkdtemp(prefix="vs_fio-"))
     base.mkdir(parents=True, exist_ok=True)
     print(f"workload {args.workload.name} --scale {args.scale} --ranks {args.ranks}: "
           f"{len(sizes)} files/jobs, {sum(sizes) / 2**30:.3f} GiB, bs {args.bs >> 20} MiB, dir {base}")
+    fio_bytes = sum(n // args.bs * args.bs for n in sizes)  # fio rounds each file down to whole blocks
+    print(f"fio moves {fio_bytes} bytes ({fio_bytes / sum(sizes):.2%} of ckptbench's {sum(sizes)}: "
+          f"whole blocks only); rates are compared")
+    print(f"settle {args.settle:g} s, warm-up {warm / 2**30:.2f} GiB before each save")
     rows = []
     for mode in args.modes.split(","):
         direct = mode == "direct"
@@ -140,6 +146,7 @@ def main() -> int:
             for tool in ("fio", "ckptbench") if i % 2 == 0 else ("ckptbench", "fio"):
                 drop_caches()
                 time.sleep(args.settle)
+                warm_memory(warm)
                 if tool == "fio":
                     fdir = base / "fio"
                     fdir.mkdir(exist_ok=True)
@@ -147,11 +154,14 @@ def main() -> int:
                     drop_caches()
                     fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
                     shutil.rmtree(fdir)
+                    w, r = fio_w[-1], fio_r[-1]
                 else:
                     w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
                                          direct, prefill)
                     ck_w.append(w)
                     ck_r.append(r)
+                print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
+                      file=sys.stderr, flush=True)
         for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
             fm, cm = statistics.median(f), statistics.median(c)
             rows.append((mode, phase, fm, cm, cm / fm, f, c))

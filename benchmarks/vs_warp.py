@@ -27,6 +27,10 @@ of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
+Before each tool's turn the page cache is dropped (when permitted) and --warm-memory is
+touched by a process that exits at once (machine_state.py says why); turns alternate in
+ABBA order (warp, ckptbench, ckptbench, warp, ...) over --repeat.
+
 Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
 the ratio of the medians, and the median of the ratios of each alternating run pair
 ("pairs", which holds better when the machine's speed drifts between pairs).
@@ -53,6 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
+from benchmarks.machine_state import drop_caches, parse_warm, warm_memory, warm_size  # noqa: E402
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 
@@ -182,14 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["single", "multipart", "both"], default="both")
     ap.add_argument("--signing", choices=["signed", "unsigned", "both"], default="both",
                     help="payload signing of both tools (see above)")
+    ap.add_argument("--warm-memory", default="auto",
+                    help="memory to touch (then free) before each tool's turn; 'auto' is twice "
+                    "the bytes ckptbench moves plus 1 GiB, at most half the available memory; 0: none")
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
     try:
         obj_size = parse_size(a.obj_size, "--obj-size")
+        warm = parse_warm(a.warm_memory)
     except SpecError as exc:
         ap.error(str(exc))
     objects = a.objects or 8 * a.concurrency
+    if warm is None:
+        warm = warm_size(2 * a.iterations * objects * obj_size)
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
              for sg in (["signed", "unsigned"] if a.signing == "both" else [a.signing])]
 
@@ -221,17 +232,26 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
                     "cpu_ckptbench")})
-                for _ in range(a.repeat):
-                    for op in ("put", "get"):
-                        rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
-                                             a.concurrency, a.duration, mp, signed, workdir)
-                        r[f"warp_{op}"].append(rate)
-                        r[f"cpu_warp_{op}"].append(cpu)
-                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
-                                       a.iterations, mp, signed, workdir, a.ckptbench_args)
-                    r["save"].append(ck["save"])
-                    r["restore"].append(ck["restore"])
-                    r["cpu_ckptbench"].append(ck["cpu_per_gb"])
+                for i in range(a.repeat):
+                    for tool in ("warp", "ckptbench") if i % 2 == 0 else ("ckptbench", "warp"):
+                        drop_caches()
+                        warm_memory(warm)
+                        if tool == "warp":
+                            for op in ("put", "get"):
+                                rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
+                                                     a.concurrency, a.duration, mp, signed, workdir)
+                                r[f"warp_{op}"].append(rate)
+                                r[f"cpu_warp_{op}"].append(cpu)
+                            print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
+                                  f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
+                            continue
+                        ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
+                                           a.iterations, mp, signed, workdir, a.ckptbench_args)
+                        r["save"].append(ck["save"])
+                        r["restore"].append(ck["restore"])
+                        r["cpu_ckptbench"].append(ck["cpu_per_gb"])
+                        print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
+                              f"restore {ck['restore'] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -240,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"\nobject size {obj_size / MIB:g} MiB, concurrency {a.concurrency}, endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
-          f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s)")
+          f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s), "
+          f"warm-up {warm / 2**30:.2f} GiB")
     print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7} "
           f"{'pairs':>6}   runs (warp | ckptbench)")
     for mode, m in med.items():

@@ -1,0 +1,84 @@
+"""The side-by-side benchmark scripts run end to end against the real tools (fio, warp,
+MinIO) on small sizes, and refuse bad options with a one-line usage error."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.machine_state import GIB, mem_available, parse_warm, warm_size
+from ckptbench.errors import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = re.compile(r"^(\S+)\s+(save|restore|PUT|GET)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", re.M)
+
+
+def script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{Path.home() / 'go' / 'bin'}")
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_warm_memory_option() -> None:
+    assert parse_warm("auto") is None
+    assert parse_warm("0") == 0
+    assert parse_warm("1GiB") == GIB
+    with pytest.raises(SpecError, match="--warm-memory"):
+        parse_warm("lots")
+    assert warm_size(1 << 20) == min(2 * (1 << 20) + GIB, mem_available() // 2)
+    assert warm_size(1 << 50) <= mem_available() // 2
+
+
+def test_vs_fio_refuses_ranks_smaller_than_a_block(tmp_path: Path) -> None:
+    out = script("vs_fio.py", "--dir", str(tmp_path / "d"), "--scale", "64")
+    assert out.returncode == 2 and "less than --bs" in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("name", ["vs_fio.py", "vs_warp.py"])
+def test_bad_warm_memory_is_a_one_line_usage_error(name: str, tmp_path: Path) -> None:
+    out = script(name, "--warm-memory", "lots", *(["--dir", str(tmp_path / "d")] if name == "vs_fio.py" else []))
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert "--warm-memory 'lots' is not a size" in last and "Traceback" not in out.stderr
+    assert not (tmp_path / "d").exists()  # nothing made before the options are checked
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed (.ci/setup installs it)")
+def test_vs_fio_runs_both_tools_and_prints_four_ratios(tmp_path: Path) -> None:
+    out = script("vs_fio.py", "--dir", str(tmp_path), "--scale", "16", "--bs", "4194304", "--repeat", "2",
+                 "--settle", "0", "--warm-memory", "64MiB")
+    assert out.returncode == 0, out.stderr
+    rows = ROW.findall(out.stdout)
+    assert [(m, p) for m, p, *_ in rows] == [("buffered", "save"), ("buffered", "restore"),
+                                             ("direct", "save"), ("direct", "restore")]
+    for *_, fio, ck, ratio, _pairs in rows:
+        assert float(fio) > 0 and float(ck) > 0
+        assert float(ratio) == pytest.approx(float(ck) / float(fio), abs=0.01)
+    assert "warm-up 0.06 GiB" in out.stdout
+    assert re.search(r"fio moves \d+ bytes \(9\d\.\d\d% of ckptbench's", out.stdout)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckptbench.jsonl"]  # fio's files gone
+
+
+def test_vs_warp_runs_both_tools_against_its_own_minio() -> None:
+    from minio import find_binary
+
+    if not (find_binary("warp") and find_binary("minio")):
+        if os.environ.get("CKPTBENCH_SKIP_S3") == "1":
+            pytest.skip("no warp/minio binary and CKPTBENCH_SKIP_S3=1")
+        pytest.fail("no warp or minio binary: run .ci/setup", pytrace=False)
+    out = script("vs_warp.py", "--obj-size", "16MiB", "--concurrency", "2", "--duration", "6s",
+                 "--objects", "4", "--iterations", "1", "--repeat", "2", "--mode", "single",
+                 "--signing", "unsigned", "--warm-memory", "0")
+    assert out.returncode == 0, out.stderr + out.stdout
+    rows = ROW.findall(out.stdout)
+    assert [(m, p) for m, p, *_ in rows] == [("single/unsigned", "PUT"), ("single/unsigned", "GET")]
+    for *_, warp, ck, _ratio, _pairs in rows:
+        assert float(warp) > 0 and float(ck) > 0
+    assert "2 alternating run(s), warm-up 0.00 GiB" in out.stdout
