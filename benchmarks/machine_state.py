@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ckptbench.cli.run_cmd import parse_size
+
 GIB = 1 << 30
 
 
@@ -55,8 +57,6 @@ def warm_memory(nbytes: int) -> None:
 
 def parse_warm(text: str) -> int | None:
     """--warm-memory: 'auto' (None: warm_size), '0' (none) or a size such as 4GiB."""
-    from ckptbench.cli.run_cmd import parse_size
-
     if text == "auto":
         return None
     return 0 if text.strip() == "0" else parse_size(text, "--warm-memory")

@@ -20,9 +20,9 @@ ROW = re.compile(r"^(\S+)\s+(save|restore|PUT|GET)\s+([\d.]+)\s+([\d.]+)\s+([\d.
 
 
 def script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{Path.home() / 'go' / 'bin'}")
+    # warp and minio are found on PATH or where .ci/setup builds them (tests/minio.py)
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_warm_memory_option() -> None:
