@@ -1,4 +1,5 @@
-"""Putting the machine in the same state before each tool's run, for the side-by-side scripts.
+"""Putting the machine in the same state before each tool's run, the order of the runs and
+the per-pair ratio: what the side-by-side scripts (vs_fio, vs_warp) share.
 
 Two effects would otherwise decide a comparison on their own:
 
@@ -17,8 +18,11 @@ Two effects would otherwise decide a comparison on their own:
 from __future__ import annotations
 
 import contextlib
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ckptbench.cli.run_cmd import parse_size
@@ -60,3 +64,23 @@ def parse_warm(text: str) -> int | None:
     if text == "auto":
         return None
     return 0 if text.strip() == "0" else parse_size(text, "--warm-memory")
+
+
+def prepare_turn(warm: int, settle: float = 0.0) -> None:
+    """Before a tool's turn: drop the page cache, wait `settle` seconds, warm `warm` bytes."""
+    drop_caches()
+    time.sleep(settle)
+    warm_memory(warm)
+
+
+def turns(repeat: int, reference: str, ours: str = "ckptbench") -> Iterator[tuple[int, str]]:
+    """(pair, tool) in ABBA order (reference, ours, ours, reference, ...): neither tool
+    always runs right after the other (its deletes, its freed memory)."""
+    for i in range(repeat):
+        yield from ((i, tool) for tool in ((reference, ours) if i % 2 == 0 else (ours, reference)))
+
+
+def pairs_ratio(reference: list[float], ours: list[float]) -> float:
+    """Median of the per-pair ratios: holds better than the ratio of medians when the
+    machine's speed drifts from one pair to the next."""
+    return statistics.median(b / a for a, b in zip(reference, ours, strict=True))

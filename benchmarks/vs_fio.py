@@ -39,13 +39,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.machine_state import drop_caches, parse_warm, warm_memory, warm_size  # noqa: E402
+from benchmarks.machine_state import (  # noqa: E402
+    drop_caches,
+    pairs_ratio,
+    parse_warm,
+    prepare_turn,
+    turns,
+    warm_size,
+)
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
@@ -141,34 +147,30 @@ def main() -> int:
     for mode in args.modes.split(","):
         direct = mode == "direct"
         fio_w, fio_r, ck_w, ck_r = [], [], [], []
-        for i in range(args.repeat):
-            # A B, B A, ...: neither tool always runs right after the other's deletes.
-            for tool in ("fio", "ckptbench") if i % 2 == 0 else ("ckptbench", "fio"):
+        for i, tool in turns(args.repeat, "fio"):
+            prepare_turn(warm, args.settle)
+            if tool == "fio":
+                fdir = base / "fio"
+                fdir.mkdir(exist_ok=True)
+                fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
                 drop_caches()
-                time.sleep(args.settle)
-                warm_memory(warm)
-                if tool == "fio":
-                    fdir = base / "fio"
-                    fdir.mkdir(exist_ok=True)
-                    fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
-                    drop_caches()
-                    fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
-                    shutil.rmtree(fdir)
-                    w, r = fio_w[-1], fio_r[-1]
-                else:
-                    w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
-                                         direct, prefill)
-                    ck_w.append(w)
-                    ck_r.append(r)
-                print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
-                      file=sys.stderr, flush=True)
+                fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
+                shutil.rmtree(fdir)
+                w, r = fio_w[-1], fio_r[-1]
+            else:
+                w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
+                                     direct, prefill)
+                ck_w.append(w)
+                ck_r.append(r)
+            print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
+                  file=sys.stderr, flush=True)
         for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
             fm, cm = statistics.median(f), statistics.median(c)
             rows.append((mode, phase, fm, cm, cm / fm, f, c))
     print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "
           f"{'pairs':>6s}   runs (fio | ckptbench)")
     for mode, phase, fm, cm, ratio, f, c in rows:
-        pairs = statistics.median(b / a for a, b in zip(f, c, strict=True))
+        pairs = pairs_ratio(f, c)
         runs = " ".join(f"{x / 1e9:.2f}" for x in f) + " | " + " ".join(f"{x / 1e9:.2f}" for x in c)
         print(f"{mode:9s} {phase:8s} {fm / 1e9:9.3f} {cm / 1e9:10.3f} {ratio:6.2f} {pairs:6.2f}   {runs}")
     if args.dir is None:

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
-from benchmarks.machine_state import drop_caches, parse_warm, warm_memory, warm_size  # noqa: E402
+from benchmarks.machine_state import pairs_ratio, parse_warm, prepare_turn, turns, warm_size  # noqa: E402
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 
@@ -232,26 +232,24 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
                     "cpu_ckptbench")})
-                for i in range(a.repeat):
-                    for tool in ("warp", "ckptbench") if i % 2 == 0 else ("ckptbench", "warp"):
-                        drop_caches()
-                        warm_memory(warm)
-                        if tool == "warp":
-                            for op in ("put", "get"):
-                                rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
-                                                     a.concurrency, a.duration, mp, signed, workdir)
-                                r[f"warp_{op}"].append(rate)
-                                r[f"cpu_warp_{op}"].append(cpu)
-                            print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
-                                  f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
-                            continue
-                        ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
-                                           a.iterations, mp, signed, workdir, a.ckptbench_args)
-                        r["save"].append(ck["save"])
-                        r["restore"].append(ck["restore"])
-                        r["cpu_ckptbench"].append(ck["cpu_per_gb"])
-                        print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
-                              f"restore {ck['restore'] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
+                for i, tool in turns(a.repeat, "warp"):
+                    prepare_turn(warm)
+                    if tool == "warp":
+                        for op in ("put", "get"):
+                            rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
+                                                 a.concurrency, a.duration, mp, signed, workdir)
+                            r[f"warp_{op}"].append(rate)
+                            r[f"cpu_warp_{op}"].append(cpu)
+                        print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
+                              f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
+                        continue
+                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
+                                       a.iterations, mp, signed, workdir, a.ckptbench_args)
+                    r["save"].append(ck["save"])
+                    r["restore"].append(ck["restore"])
+                    r["cpu_ckptbench"].append(ck["cpu_per_gb"])
+                    print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
+                          f"restore {ck['restore'] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -268,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
             runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
                     + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][c]))
-            pairs = statistics.median(b / a for a, b in zip(rows[mode][w], rows[mode][c], strict=True))
+            pairs = pairs_ratio(rows[mode][w], rows[mode][c])
             print(f"{mode:<19} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
                   f"{m[c] / m[w]:>7.2f} {pairs:>6.2f}   {runs}")
     print("client CPU s/GB moved (median; the other part of a 2-core box's CPU is MinIO's): "

@@ -718,7 +718,7 @@ class _ViewBody:
         end = len(self.view) if amt is None or amt < 0 else min(
             len(self.view), self.pos + max(amt, self.CHUNK))
         out = self.view[self.pos:end]
-        self.pos = max(self.pos, end)
+        self.pos = end
         return out
 
     def seek(self, pos: int, whence: int = 0) -> int:
