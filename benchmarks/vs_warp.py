@@ -27,9 +27,13 @@ of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
-Before each tool's turn the page cache is dropped (when permitted) and --warm-memory is
-touched by a process that exits at once (machine_state.py says why); turns alternate in
-ABBA order (warp, ckptbench, ckptbench, warp, ...) over --repeat.
+Before each tool's turn the page cache is dropped (when permitted); turns alternate in
+ABBA order (warp, ckptbench, ckptbench, warp, ...) over --repeat. --warm-memory (touch
+memory in a process that exits at once, as vs_fio does: machine_state.py says why) is off
+by default here: both tools' payload is in memory before their clocks, and on the
+development VM an 11.5 GiB warm-up before each turn slowed the ckptbench saves that
+followed by about a fifth (3 pairs: medians 0.45 against 0.54 GB/s) and warp's PUT by 3%
+(0.485 against 0.494), so it tilted the comparison instead of levelling it (docs/s3.md).
 
 Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
 the ratio of the medians, and the median of the ratios of each alternating run pair
@@ -187,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["single", "multipart", "both"], default="both")
     ap.add_argument("--signing", choices=["signed", "unsigned", "both"], default="both",
                     help="payload signing of both tools (see above)")
-    ap.add_argument("--warm-memory", default="auto",
+    ap.add_argument("--warm-memory", default="0",
                     help="memory to touch (then free) before each tool's turn; 'auto' is twice "
-                    "the bytes ckptbench moves plus 1 GiB, at most half the available memory; 0: none")
+                    "the bytes ckptbench moves plus 1 GiB, at most half the available memory "
+                    "[default: 0, none: see above]")
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
