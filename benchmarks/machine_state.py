@@ -13,8 +13,7 @@ Two effects would otherwise decide a comparison on their own:
   memory in a process that exits at once (`warm_memory`) makes the pages each tool fills
   next backed, as on bare metal: after a 4 GiB warm-up the same writes measured 1.29 and
   1.30 GB/s (4 pairs). On bare metal it costs a second and changes nothing. vs_warp
-  leaves it off by default: against MinIO it slowed the ckptbench saves that followed
-  more than warp's PUT (its docstring has the figures).
+  leaves it off by default (its docstring says why).
 """
 
 from __future__ import annotations

@@ -27,13 +27,13 @@ of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
-Before each tool's turn the page cache is dropped (when permitted); turns alternate in
-ABBA order (warp, ckptbench, ckptbench, warp, ...) over --repeat. --warm-memory (touch
-memory in a process that exits at once, as vs_fio does: machine_state.py says why) is off
-by default here: both tools' payload is in memory before their clocks, and on the
-development VM an 11.5 GiB warm-up before each turn slowed the ckptbench saves that
-followed by about a fifth (3 pairs: medians 0.45 against 0.54 GB/s) and warp's PUT by 3%
-(0.485 against 0.494), so it tilted the comparison instead of levelling it (docs/s3.md).
+Before each tool's turn the MinIO this script started has its trash emptied (empty_trash
+says why) and the page cache is dropped (when permitted); turns alternate in ABBA order
+(warp, ckptbench, ckptbench, warp, ...) over --repeat. --warm-memory (touch memory in a
+process that exits at once, as vs_fio does: machine_state.py says why) is off by default
+here: both tools hold their payload in memory before their clocks, and in A/B runs an
+11.5 GiB warm-up slowed the ckptbench saves that followed more than warp's PUT
+(docs/s3.md has the figures and their caveat).
 
 Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
 the ratio of the medians, and the median of the ratios of each alternating run pair
@@ -48,6 +48,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,21 @@ layout = "fsdp2"
 [checkpoint]
 files = "per-chunk"
 """
+
+
+def empty_trash(server: MinioServer | None) -> int:
+    """Remove what MinIO has not yet purged of deleted objects (its data directory's
+    .minio.sys/tmp/.trash), then sync: MinIO purges it in bursts (30 GB in 15 s was seen),
+    with ext4's discards behind them, and a burst would land in whichever tool's turn runs
+    then. Only for a server this script started. Returns the entries removed."""
+    if server is None:
+        return 0
+    trash = server.data_dir / ".minio.sys" / "tmp" / ".trash"
+    entries = list(trash.iterdir()) if trash.is_dir() else []
+    for entry in entries:
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    subprocess.run(["sync"], check=False)
+    return len(entries)
 
 
 def seconds(text: str) -> float:
@@ -238,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
                     "cpu_ckptbench")})
                 for i, tool in turns(a.repeat, "warp"):
+                    empty_trash(server)
                     prepare_turn(warm)
                     if tool == "warp":
                         for op in ("put", "get"):

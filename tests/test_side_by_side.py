@@ -82,3 +82,21 @@ def test_vs_warp_runs_both_tools_against_its_own_minio() -> None:
     for *_, warp, ck, _ratio, _pairs in rows:
         assert float(warp) > 0 and float(ck) > 0
     assert "2 alternating run(s), warm-up 0.00 GiB" in out.stdout
+
+
+def test_empty_trash_removes_only_minios_trash(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.vs_warp import empty_trash
+
+    trash = tmp_path / ".minio.sys" / "tmp" / ".trash"
+    (trash / "a1" / "part").mkdir(parents=True)
+    (trash / "a1" / "part" / "part.1").write_bytes(b"x" * 10)
+    (trash / "b2").write_bytes(b"y")
+    kept = tmp_path / "bucket" / "obj" / "xl.meta"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"z")
+    assert empty_trash(SimpleNamespace(data_dir=tmp_path)) == 2  # type: ignore[arg-type]
+    assert trash.is_dir() and not any(trash.iterdir())
+    assert kept.read_bytes() == b"z"
+    assert empty_trash(None) == 0
