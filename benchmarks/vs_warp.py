@@ -109,16 +109,19 @@ files = "per-chunk"
 
 def empty_trash(server: MinioServer | None) -> int:
     """Remove what MinIO has not yet purged of deleted objects (its data directory's
-    .minio.sys/tmp/.trash), then sync: MinIO purges it in bursts (30 GB in 15 s was seen),
-    with ext4's discards behind them, and a burst would land in whichever tool's turn runs
-    then. Only for a server this script started. Returns the entries removed."""
+    .minio.sys/tmp/.trash): MinIO purges it in bursts (30 GB in 15 s was seen), with
+    ext4's discards behind them, and a burst would land in whichever tool's turn runs
+    then. Only for a server this script started; prepare_turn's sync follows. Returns the
+    entries removed."""
     if server is None:
         return 0
     trash = server.data_dir / ".minio.sys" / "tmp" / ".trash"
     entries = list(trash.iterdir()) if trash.is_dir() else []
     for entry in entries:
-        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    subprocess.run(["sync"], check=False)
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
     return len(entries)
 
 
