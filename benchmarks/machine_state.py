@@ -12,16 +12,24 @@ Two effects would otherwise decide a comparison on their own:
   so the tool holding more memory, or starting later after a cache drop, loses. Touching
   memory in a process that exits at once (`warm_memory`) makes the pages each tool fills
   next backed, as on bare metal: after a 4 GiB warm-up the same writes measured 1.29 and
-  1.30 GB/s (4 pairs). On bare metal it costs a second and changes nothing. vs_warp
-  leaves it off by default (its docstring says why).
+  1.30 GB/s (4 pairs). On bare metal it costs a second and changes nothing.
+
+  A warm-up only helps for the seconds before the guest reports the pages again, so a
+  tool whose turn outlasts that window still pays. Where the kernel lets root set it,
+  `reporting_paused` stops free page reporting for the whole comparison and backs the
+  memory the run needs once, then restores the setting: touching memory on the
+  development VM ran at 0.23-0.31 GB/s on reported pages and 6-7.5 GB/s on backed ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +37,10 @@ from pathlib import Path
 from ckptbench.cli.run_cmd import parse_size
 
 GIB = 1 << 30
+# Free page reporting (virtio-balloon's, for one) hands free blocks of at least this order
+# back to the host; a value above the largest order the buddy allocator has turns it off.
+REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+BUDDYINFO = Path("/proc/buddyinfo")
 
 
 def drop_caches() -> None:
@@ -46,10 +58,11 @@ def mem_available() -> int:
     return 0
 
 
-def warm_size(moved_bytes: int) -> int:
+def warm_size(moved_bytes: int, reserve: int | None = None) -> int:
     """Default warm-up: twice the bytes a run moves (a tool's buffers plus the page cache)
-    and 1 GiB, at most half the memory available."""
-    return min(2 * moved_bytes + GIB, mem_available() // 2)
+    and 1 GiB, at most half the memory available (or all of it but `reserve` bytes)."""
+    cap = mem_available() // 2 if reserve is None else mem_available() - reserve
+    return max(0, min(2 * moved_bytes + GIB, cap))
 
 
 def warm_memory(nbytes: int) -> None:
@@ -58,6 +71,71 @@ def warm_memory(nbytes: int) -> None:
         subprocess.run([sys.executable, "-c", "import sys, numpy as np\n"
                         "a = np.empty(int(sys.argv[1]), np.uint8); a[::4096] = 1", str(nbytes)],
                        check=True)
+
+
+def max_page_order() -> int:
+    """The buddy allocator's largest order: /proc/buddyinfo has one column per order."""
+    with contextlib.suppress(OSError, IndexError):
+        return len(BUDDYINFO.read_text().splitlines()[0].split()) - 5
+    return 10
+
+
+def _set_reporting_order(value: str) -> str | None:
+    """Write the order; None when done, else why not (the kernel's refusal)."""
+    try:
+        REPORTING_ORDER.write_text(value + "\n")
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def add_reporting_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--page-reporting", choices=["pause", "leave"], default="pause",
+                    help="pause: turn the guest's free page reporting off for the run (root; "
+                    "machine_state.py says why) and back the memory the run needs once; "
+                    "leave: run on the machine as it is [default: pause]")
+
+
+@contextlib.contextmanager
+def reporting_paused(back: int, pause: bool = True) -> Iterator[str]:
+    """Free page reporting off for the comparison, `back` bytes of memory backed once,
+    the kernel's setting restored on the way out (also on SIGTERM). Yields a line for
+    the report that says what was done, or why not: without root, or on a kernel without
+    the setting, the tools run on the machine as it is."""
+    try:
+        old = REPORTING_ORDER.read_text().strip()
+    except OSError:
+        yield "no free page reporting"
+        return
+    if not pause:
+        yield f"free page reporting left as it is (order {old})"
+        return
+    top = max_page_order()
+    if old.isdigit() and int(old) > top:
+        warm_memory(back)  # left off by someone else (or a killed run): ours to use, not undo
+        yield f"free page reporting already off (order {old}), {back / GIB:.2f} GiB backed"
+        return
+    # Above the largest order reports nothing; kernels that refuse it take the largest,
+    # which still reports only free blocks of that size (4 MiB with 4 KiB pages).
+    for value in (str(top + 1), str(top)):
+        why = _set_reporting_order(value)
+        if why is None:
+            break
+    if why is not None:
+        yield (f"free page reporting on (order {old}; could not pause it: {why}): freed "
+               f"memory costs whichever tool touches it next")
+        return
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        warm_memory(back)
+        state = "off" if int(value) > top else f"at order {value} only"
+        yield f"free page reporting {state} (was order {old}), {back / GIB:.2f} GiB backed"
+    finally:
+        _set_reporting_order(old)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def parse_warm(text: str) -> int | None:

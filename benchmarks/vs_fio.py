@@ -45,10 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine_state import (  # noqa: E402
+    GIB,
+    add_reporting_option,
     drop_caches,
     pairs_ratio,
     parse_warm,
     prepare_turn,
+    reporting_paused,
     turns,
     warm_size,
 )
@@ -100,6 +103,39 @@ def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: i
     return summaries["save"], summaries["restore"]
 
 
+Row = tuple[str, str, float, float, float, list[float], list[float]]
+
+
+def compare(args: argparse.Namespace, base: Path, sizes: list[int], prefill: int,
+            warm: int) -> list[Row]:
+    """Each mode's ABBA turns: (mode, phase, fio median, ckptbench median, ratio, runs)."""
+    rows: list[Row] = []
+    for mode in args.modes.split(","):
+        direct = mode == "direct"
+        fio_w, fio_r, ck_w, ck_r = [], [], [], []
+        for i, tool in turns(args.repeat, "fio"):
+            prepare_turn(warm, args.settle)
+            if tool == "fio":
+                fdir = base / "fio"
+                fdir.mkdir(exist_ok=True)
+                fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
+                drop_caches()
+                fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
+                shutil.rmtree(fdir)
+                w, r = fio_w[-1], fio_r[-1]
+            else:
+                w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
+                                     direct, prefill)
+                ck_w.append(w)
+                ck_r.append(r)
+            print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
+                  file=sys.stderr, flush=True)
+        for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
+            fm, cm = statistics.median(f), statistics.median(c)
+            rows.append((mode, phase, fm, cm, cm / fm, f, c))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=None, help="directory on the storage to test (default: a temp dir)")
@@ -117,6 +153,7 @@ def main() -> int:
     ap.add_argument("--warm-memory", default="auto",
                     help="memory to touch (then free) before each save, after the settle; 'auto' "
                     "is twice the bytes saved plus 1 GiB, at most half the available memory; 0: none")
+    add_reporting_option(ap)
     args = ap.parse_args()
     try:
         prefill_size = None if args.prefill == "rank" else parse_size(args.prefill, "--prefill")
@@ -143,30 +180,10 @@ def main() -> int:
     print(f"fio moves {fio_bytes} bytes ({fio_bytes / sum(sizes):.2%} of ckptbench's {sum(sizes)}: "
           f"whole blocks only); rates are compared")
     print(f"settle {args.settle:g} s, warm-up {warm / 2**30:.2f} GiB before each save")
-    rows = []
-    for mode in args.modes.split(","):
-        direct = mode == "direct"
-        fio_w, fio_r, ck_w, ck_r = [], [], [], []
-        for i, tool in turns(args.repeat, "fio"):
-            prepare_turn(warm, args.settle)
-            if tool == "fio":
-                fdir = base / "fio"
-                fdir.mkdir(exist_ok=True)
-                fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
-                drop_caches()
-                fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
-                shutil.rmtree(fdir)
-                w, r = fio_w[-1], fio_r[-1]
-            else:
-                w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
-                                     direct, prefill)
-                ck_w.append(w)
-                ck_r.append(r)
-            print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
-                  file=sys.stderr, flush=True)
-        for phase, f, c in (("save", fio_w, ck_w), ("restore", fio_r, ck_r)):
-            fm, cm = statistics.median(f), statistics.median(c)
-            rows.append((mode, phase, fm, cm, cm / fm, f, c))
+    with reporting_paused(warm_size(sum(sizes), reserve=2 * GIB),
+                          args.page_reporting == "pause") as memory_state:
+        print(memory_state)
+        rows = compare(args, base, sizes, prefill, warm)
     print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "
           f"{'pairs':>6s}   runs (fio | ckptbench)")
     for mode, phase, fm, cm, ratio, f, c in rows:

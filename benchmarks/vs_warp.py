@@ -27,13 +27,18 @@ of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
-Before each tool's turn the MinIO this script started has its trash emptied (empty_trash
-says why) and the page cache is dropped (when permitted); turns alternate in ABBA order
-(warp, ckptbench, ckptbench, warp, ...) over --repeat. --warm-memory (touch memory in a
-process that exits at once, as vs_fio does: machine_state.py says why) is off by default
-here: both tools hold their payload in memory before their clocks, and in A/B runs an
-11.5 GiB warm-up slowed the ckptbench saves that followed more than warp's PUT
-(docs/s3.md has the figures and their caveat).
+The checkpoint's object count is rounded up to a multiple of C where the model allows
+(model_layers), so each wave of the save moves C objects at once, as warp's steady state
+does. Run as root on a VM with free page reporting, the guest stops handing freed memory
+to the host for the run and the memory a turn needs is backed once, the setting restored
+at the end (machine_state.reporting_paused says why: the tool that touched more fresh
+memory otherwise paid for the host's page faults, about 4 s of CPU per GB here, inside
+its clock; `--page-reporting leave` runs on the machine as it is). Before each tool's
+turn the MinIO this script started has its trash emptied (empty_trash says why) and the
+page cache is dropped (when permitted); turns alternate in ABBA order (warp, ckptbench,
+ckptbench, warp, ...) over --repeat. --warm-memory (touch memory before each turn, as
+vs_fio does) is off by default here: with page reporting paused it has nothing left to
+do, and without it a warm-up is undone within seconds (docs/s3.md has the figures).
 
 Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
 the ratio of the medians, and the median of the ratios of each alternating run pair
@@ -62,7 +67,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
-from benchmarks.machine_state import pairs_ratio, parse_warm, prepare_turn, turns, warm_size  # noqa: E402
+from benchmarks.machine_state import (  # noqa: E402
+    GIB,
+    add_reporting_option,
+    pairs_ratio,
+    parse_warm,
+    prepare_turn,
+    reporting_paused,
+    turns,
+    warm_size,
+)
 from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 
@@ -72,13 +86,24 @@ WARP_AVG = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Averag
 UNIT = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
-def workload(obj_size: int, objects: int) -> str:
-    """A model whose every matrix is obj_size bytes of fp32 (dim x dim), one object each."""
+def model_layers(objects: int, concurrency: int) -> int:
+    """Layers of a model with at least `objects` matrices (7 per layer, plus the embeddings
+    and the output), their count a multiple of the concurrency where one is within C
+    layers: then every wave of the save moves C objects at once, as warp's steady state
+    does, and no thread is left alone with a last object (37 objects on 4 threads were
+    waves of 4 and a straggler)."""
+    first = max(1, math.ceil((objects - 2) / 7))
+    return next((n for n in range(first, first + concurrency) if (7 * n + 2) % concurrency == 0),
+                first)
+
+
+def workload(obj_size: int, layers: int) -> str:
+    """A model whose every matrix is obj_size bytes of fp32 (dim x dim), one object each:
+    7 * layers + 2 of them (and each layer's two norm vectors, dim * 4 bytes each)."""
     dim = math.isqrt(obj_size // 4)
     if dim * dim * 4 != obj_size or dim % 64:
         raise SystemExit(f"vs_warp: --obj-size must be 4*d*d bytes with d a multiple of 64 "
                          f"(16MiB, 64MiB, 256MiB, ...), not {obj_size}")
-    layers = max(1, math.ceil((objects - 2) / 7))  # 7 matrices per layer + embeddings + output
     return f"""
 [workload]
 name = "vs-warp-{obj_size // MIB}MiB"
@@ -166,12 +191,13 @@ def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int
 
 
 def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
-                  concurrency: int, objects: int, iterations: int, multipart: bool,
+                  concurrency: int, layers: int, iterations: int, multipart: bool,
                   signed: bool, workdir: Path, extra: list[str]) -> dict[str, float]:
     """ckptbench's median save and restore throughput in bytes/s, and its CPU seconds per
     GB saved or restored (its start-up, payload generation and verification included)."""
     wl = workdir / "vs-warp.toml"
-    wl.write_text(workload(obj_size, objects))
+    wl.write_text(workload(obj_size, layers))
+    objects = 7 * layers + 2
     results = workdir / f"ckptbench-{'multipart' if multipart else 'single'}-{time.time_ns()}.jsonl"
     cmd = [sys.executable, "-m", "ckptbench", "run", str(wl), "--target", f"s3://{bucket}/vs-warp",
            "--endpoint-url", endpoint, "--threads", str(concurrency),
@@ -204,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--duration", default="15s", help="warp's duration per operation")
     ap.add_argument("--objects", type=int, default=0,
-                    help="objects per ckptbench checkpoint [default: 8 per thread]")
+                    help="objects per ckptbench checkpoint, at least (rounded up to a multiple "
+                    "of --concurrency where the model allows) [default: 8 per thread]")
     ap.add_argument("--iterations", type=int, default=3, help="ckptbench iterations (median)")
     ap.add_argument("--repeat", type=int, default=1, help="alternate warp/ckptbench N times")
     ap.add_argument("--mode", choices=["single", "multipart", "both"], default="both")
@@ -214,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory to touch (then free) before each tool's turn; 'auto' is twice "
                     "the bytes ckptbench moves plus 1 GiB, at most half the available memory "
                     "[default: 0, none: see above]")
+    add_reporting_option(ap)
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
@@ -222,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         warm = parse_warm(a.warm_memory)
     except SpecError as exc:
         ap.error(str(exc))
-    objects = a.objects or 8 * a.concurrency
+    layers = model_layers(a.objects or 8 * a.concurrency, a.concurrency)
+    objects = 7 * layers + 2
     if warm is None:
         warm = warm_size(2 * a.iterations * objects * obj_size)
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
@@ -230,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()
     server: MinioServer | None = None
-    with tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp:
+    # Memory for a turn: MinIO's page cache of what ckptbench saves, and its buffers.
+    back = warm_size(a.iterations * objects * obj_size, reserve=2 * GIB)
+    with (reporting_paused(back, a.page_reporting == "pause") as memory_state,
+          tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp):
         workdir = Path(tmp)
         if a.endpoint:
             endpoint, bucket = a.endpoint, a.bucket
@@ -268,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
                               f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
                         continue
-                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, objects,
+                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, layers,
                                        a.iterations, mp, signed, workdir, a.ckptbench_args)
                     r["save"].append(ck["save"])
                     r["restore"].append(ck["restore"])
@@ -281,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in rows.items()}
     load = os.getloadavg()
-    print(f"\nobject size {obj_size / MIB:g} MiB, concurrency {a.concurrency}, endpoint "
+    print(f"\nobject size {obj_size / MIB:g} MiB ({objects} per ckptbench checkpoint), "
+          f"concurrency {a.concurrency}, endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
           f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s), "
           f"warm-up {warm / 2**30:.2f} GiB")
+    print(memory_state)
     print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7} "
           f"{'pairs':>6}   runs (warp | ckptbench)")
     for mode, m in med.items():

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.machine_state import GIB, mem_available, parse_warm, warm_size
+from benchmarks import machine_state
+from benchmarks.machine_state import GIB, mem_available, parse_warm, reporting_paused, warm_size
 from ckptbench.errors import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +34,59 @@ def test_warm_memory_option() -> None:
         parse_warm("lots")
     assert warm_size(1 << 20) == min(2 * (1 << 20) + GIB, mem_available() // 2)
     assert warm_size(1 << 50) <= mem_available() // 2
+    assert mem_available() - 3 * GIB <= warm_size(1 << 50, reserve=2 * GIB) <= mem_available() - 2 * GIB
+    assert warm_size(1 << 50, reserve=1 << 50) == 0
+
+
+def knob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str | None) -> Path:
+    """A stand-in for the kernel's page_reporting_order file (a real file)."""
+    path = tmp_path / "page_reporting_order"
+    if value is not None:
+        path.write_text(value + "\n")
+    monkeypatch.setattr(machine_state, "REPORTING_ORDER", path)
+    return path
+
+
+def test_reporting_paused_turns_reporting_off_and_restores_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    top = machine_state.max_page_order()
+    assert 8 <= top <= 20  # from /proc/buddyinfo
+    path = knob(tmp_path, monkeypatch, "9")
+    with reporting_paused(0) as state:
+        assert path.read_text() == f"{top + 1}\n"  # above every order: nothing is reported
+        assert state == "free page reporting off (was order 9), 0.00 GiB backed"
+    assert path.read_text() == "9\n"
+    with pytest.raises(RuntimeError), reporting_paused(0):  # a failed run restores it too
+        raise RuntimeError("boom")
+    assert path.read_text() == "9\n"
+    with reporting_paused(0, pause=False) as state:
+        assert path.read_text() == "9\n" and state == "free page reporting left as it is (order 9)"
+
+
+def test_reporting_paused_leaves_what_it_cannot_or_need_not_change(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    knob(tmp_path, monkeypatch, None)
+    with reporting_paused(0) as state:
+        assert state == "no free page reporting"
+    path = knob(tmp_path, monkeypatch, "99")
+    with reporting_paused(0) as state:
+        assert state.startswith("free page reporting already off (order 99)")
+    assert path.read_text() == "99\n"  # someone else's setting: not undone
+    path.write_text("9\n")
+    monkeypatch.setattr(machine_state, "_set_reporting_order", lambda value: "Permission denied")
+    with reporting_paused(0) as state:
+        assert state.startswith("free page reporting on (order 9; could not pause it: Permission denied)")
+    assert path.read_text() == "9\n"
+
+
+@pytest.mark.skipif(not (machine_state.REPORTING_ORDER.exists() and os.access(machine_state.REPORTING_ORDER, os.W_OK)),
+                    reason="this kernel has no page_reporting_order that this user may set")
+def test_reporting_paused_on_this_kernel() -> None:
+    before = machine_state.REPORTING_ORDER.read_text()
+    with reporting_paused(0) as state:
+        now = int(machine_state.REPORTING_ORDER.read_text())
+        assert now >= machine_state.max_page_order(), state
+    assert machine_state.REPORTING_ORDER.read_text() == before
 
 
 def test_vs_fio_refuses_ranks_smaller_than_a_block(tmp_path: Path) -> None:
@@ -82,6 +136,21 @@ def test_vs_warp_runs_both_tools_against_its_own_minio() -> None:
     for *_, warp, ck, _ratio, _pairs in rows:
         assert float(warp) > 0 and float(ck) > 0
     assert "2 alternating run(s), warm-up 0.00 GiB" in out.stdout
+    assert re.search(r"^(no free page reporting|free page reporting (off|at order \d+ only|already off|on) )",
+                     out.stdout, re.M), out.stdout
+
+
+def test_vs_warp_checkpoints_move_whole_waves_of_objects() -> None:
+    from benchmarks.vs_warp import model_layers, workload
+
+    assert model_layers(32, 4) == 6  # 44 objects: 11 per thread, not 37 (9, 9, 9, 10)
+    assert model_layers(64, 8) == 10  # 72
+    assert model_layers(4, 2) == 2  # 16
+    assert model_layers(32, 7) == 5  # 7n + 2 is never a multiple of 7: at least 32 (37)
+    for objects, c in ((1, 1), (32, 4), (20, 3), (64, 8), (100, 6)):
+        n = 7 * model_layers(objects, c) + 2
+        assert n >= objects and (n % c == 0 or c == 7)
+    assert "layers = 6\n" in workload(64 << 20, 6) and "dim = 4096\n" in workload(64 << 20, 6)
 
 
 def test_empty_trash_removes_only_minios_trash(tmp_path: Path) -> None:
