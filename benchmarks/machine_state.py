@@ -138,6 +138,12 @@ def reporting_paused(back: int, pause: bool = True) -> Iterator[str]:
             signal.signal(signal.SIGTERM, previous)
 
 
+def memory_for_run(args: argparse.Namespace, turn_bytes: int) -> contextlib.AbstractContextManager[str]:
+    """What --page-reporting asks for, with the memory a turn needs backed: twice the
+    bytes a turn writes (a tool's buffers and the page cache) and 1 GiB, leaving 2 GiB."""
+    return reporting_paused(warm_size(turn_bytes, reserve=2 * GIB), args.page_reporting == "pause")
+
+
 def parse_warm(text: str) -> int | None:
     """--warm-memory: 'auto' (None: warm_size), '0' (none) or a size such as 4GiB."""
     if text == "auto":

@@ -45,13 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine_state import (  # noqa: E402
-    GIB,
     add_reporting_option,
     drop_caches,
+    memory_for_run,
     pairs_ratio,
     parse_warm,
     prepare_turn,
-    reporting_paused,
     turns,
     warm_size,
 )
@@ -180,8 +179,7 @@ def main() -> int:
     print(f"fio moves {fio_bytes} bytes ({fio_bytes / sum(sizes):.2%} of ckptbench's {sum(sizes)}: "
           f"whole blocks only); rates are compared")
     print(f"settle {args.settle:g} s, warm-up {warm / 2**30:.2f} GiB before each save")
-    with reporting_paused(warm_size(sum(sizes), reserve=2 * GIB),
-                          args.page_reporting == "pause") as memory_state:
+    with memory_for_run(args, sum(sizes)) as memory_state:
         print(memory_state)
         rows = compare(args, base, sizes, prefill, warm)
     print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "

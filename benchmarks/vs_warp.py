@@ -68,12 +68,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
 from benchmarks.machine_state import (  # noqa: E402
-    GIB,
     add_reporting_option,
+    memory_for_run,
     pairs_ratio,
     parse_warm,
     prepare_turn,
-    reporting_paused,
     turns,
     warm_size,
 )
@@ -259,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()
     server: MinioServer | None = None
-    # Memory for a turn: MinIO's page cache of what ckptbench saves, and its buffers.
-    back = warm_size(a.iterations * objects * obj_size, reserve=2 * GIB)
-    with (reporting_paused(back, a.page_reporting == "pause") as memory_state,
+    with (memory_for_run(a, a.iterations * objects * obj_size) as memory_state,
           tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp):
         workdir = Path(tmp)
         if a.endpoint:
