@@ -18,7 +18,7 @@ Two effects would otherwise decide a comparison on their own:
   tool whose turn outlasts that window still pays. Where the kernel lets root set it,
   `reporting_paused` stops free page reporting for the whole comparison and backs the
   memory the run needs once, then restores the setting: touching memory on the
-  development VM ran at 0.23-0.31 GB/s on reported pages and 6-7.5 GB/s on backed ones.
+  development VM ran at 0.23-0.31 GB/s on reported pages and 6.1-7.8 GB/s on backed ones.
 """
 
 from __future__ import annotations
@@ -97,45 +97,58 @@ def add_reporting_option(ap: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def reporting_paused(back: int, pause: bool = True) -> Iterator[str]:
-    """Free page reporting off for the comparison, `back` bytes of memory backed once,
-    the kernel's setting restored on the way out (also on SIGTERM). Yields a line for
-    the report that says what was done, or why not: without root, or on a kernel without
-    the setting, the tools run on the machine as it is."""
+def _exit_on_hangup_or_term() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run as SystemExit, so `finally` blocks still run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    previous = [signal.signal(sig, lambda num, _frame: sys.exit(128 + num)) for sig in signals]
+    try:
+        yield
+    finally:
+        for sig, handler in zip(signals, previous, strict=True):
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+@contextlib.contextmanager
+def reporting_paused(back_bytes: int, pause: bool = True) -> Iterator[str]:
+    """Free page reporting off for the comparison, `back_bytes` of memory backed once, the
+    kernel's setting restored on the way out (also on an error, SIGTERM or SIGHUP). Yields
+    a line for the report that says what was done, or why not: without root, on a kernel
+    without the setting or one that will not turn it off, the tools run on the machine as
+    it is."""
     try:
         old = REPORTING_ORDER.read_text().strip()
     except OSError:
         yield "no free page reporting"
         return
+    if not old.isdigit():  # -1: the setting is built in, no device reports pages
+        yield f"no free page reporting (order {old})"
+        return
     if not pause:
         yield f"free page reporting left as it is (order {old})"
         return
-    top = max_page_order()
-    if old.isdigit() and int(old) > top:
-        warm_memory(back)  # left off by someone else (or a killed run): ours to use, not undo
-        yield f"free page reporting already off (order {old}), {back / GIB:.2f} GiB backed"
+    off = str(max_page_order() + 1)  # above the largest order: no free block qualifies
+    if int(old) >= int(off):  # left off by someone else, or by a run that was killed
+        warm_memory(back_bytes)
+        yield (f"free page reporting already off (order {old}: not ours to restore; the "
+               f"kernel's default is pageblock_order, 9 on x86-64), {back_bytes / GIB:.2f} GiB backed")
         return
-    # Above the largest order reports nothing; kernels that refuse it take the largest,
-    # which still reports only free blocks of that size (4 MiB with 4 KiB pages).
-    for value in (str(top + 1), str(top)):
-        why = _set_reporting_order(value)
-        if why is None:
-            break
-    if why is not None:
-        yield (f"free page reporting on (order {old}; could not pause it: {why}): freed "
-               f"memory costs whichever tool touches it next")
-        return
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        warm_memory(back)
-        state = "off" if int(value) > top else f"at order {value} only"
-        yield f"free page reporting {state} (was order {old}), {back / GIB:.2f} GiB backed"
-    finally:
-        _set_reporting_order(old)
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    with _exit_on_hangup_or_term():
+        why = _set_reporting_order(off)
+        if why is not None:  # mainline kernels refuse orders above the largest
+            yield (f"free page reporting on (order {old}; could not set {off}: {why}): freed "
+                   f"memory costs whichever tool touches it next")
+            return
+        try:
+            warm_memory(back_bytes)
+            yield f"free page reporting off (was order {old}), {back_bytes / GIB:.2f} GiB backed"
+        finally:
+            why = _set_reporting_order(old)
+            if why is not None:
+                print(f"could not restore free page reporting ({why}): echo {old} > "
+                      f"{REPORTING_ORDER}", file=sys.stderr)
 
 
 def memory_for_run(args: argparse.Namespace, turn_bytes: int) -> contextlib.AbstractContextManager[str]:

@@ -16,10 +16,13 @@ Like fio, whose buffers are filled before it starts, ckptbench is given a --pref
 enough to generate each rank's payload before its clock starts; the bytes are still
 unique per block, file and iteration, and every byte is verified on restore.
 
-Before each tool's save the page cache is dropped, the machine is left --settle seconds,
-and --warm-memory is touched by a process that exits at once (machine_state.py says why:
-on virtual machines with free page reporting, the tool that holds more memory or starts
-later after a cache drop otherwise pays for faulting the host's pages back in).
+Run as root on a VM with free page reporting, the guest stops handing freed memory to
+the host for the run (--page-reporting pause, the default; the setting is restored at the
+end) and the memory the run needs is backed once: machine_state.py says why (the tool
+that holds more memory or starts later after a cache drop otherwise pays for faulting
+the host's pages back in). Before each tool's save the page cache is dropped, the
+machine is left --settle seconds, and --warm-memory is touched by a process that exits
+at once (the same remedy, per turn, for where reporting cannot be paused).
 
 Runs alternate in ABBA order (fio, ckptbench, ckptbench, fio, ...) so drift and the
 other tool's file deletions hit both. Two ratios are printed: ckptbench's median over

@@ -92,8 +92,22 @@ def model_layers(objects: int, concurrency: int) -> int:
     does, and no thread is left alone with a last object (37 objects on 4 threads were
     waves of 4 and a straggler)."""
     first = max(1, math.ceil((objects - 2) / 7))
-    return next((n for n in range(first, first + concurrency) if (7 * n + 2) % concurrency == 0),
+    return next((n for n in range(first, first + concurrency) if matrices(n) % concurrency == 0),
                 first)
+
+
+def matrices(layers: int) -> int:
+    """The obj_size objects of workload(obj_size, layers): 7 per layer, embeddings, output."""
+    return 7 * layers + 2
+
+
+def prefill_bytes(layers: int, concurrency: int, obj_size: int) -> int:
+    """--prefill that makes the busiest thread's whole share before the clock. With one
+    block per object, every object takes a whole block-sized buffer, a norm vector's too,
+    so count objects: C x (ceil(matrices / C) + ceil(norms / C)) blocks (each size spreads
+    evenly over the threads: runner.engine.assign_threads)."""
+    norms = 2 * layers + 1
+    return concurrency * (-(-matrices(layers) // concurrency) + -(-norms // concurrency)) * obj_size
 
 
 def workload(obj_size: int, layers: int) -> str:
@@ -196,14 +210,13 @@ def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int
     GB saved or restored (its start-up, payload generation and verification included)."""
     wl = workdir / "vs-warp.toml"
     wl.write_text(workload(obj_size, layers))
-    objects = 7 * layers + 2
     results = workdir / f"ckptbench-{'multipart' if multipart else 'single'}-{time.time_ns()}.jsonl"
     cmd = [sys.executable, "-m", "ckptbench", "run", str(wl), "--target", f"s3://{bucket}/vs-warp",
            "--endpoint-url", endpoint, "--threads", str(concurrency),
            "--iterations", str(iterations), "--results", str(results), "--json",
            # The whole checkpoint's payload is generated before the clock, as the engine's
            # rule and vs_fio have it; warp generates its data as it sends.
-           "--prefill", f"{objects * obj_size + obj_size}",
+           "--prefill", str(prefill_bytes(layers, concurrency, obj_size)),
            "--s3-payload-signing", "on" if signed else "off"]
     # One block per object: each restore is one GET of the whole object, as warp's GETs are.
     cmd += ["--part-size", "16MiB" if multipart else str(obj_size), "--s3-concurrency", "1",
@@ -250,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         ap.error(str(exc))
     layers = model_layers(a.objects or 8 * a.concurrency, a.concurrency)
-    objects = 7 * layers + 2
+    objects = matrices(layers)
     if warm is None:
         warm = warm_size(2 * a.iterations * objects * obj_size)
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
@@ -258,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()
     server: MinioServer | None = None
-    with (memory_for_run(a, a.iterations * objects * obj_size) as memory_state,
-          tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp):
+    with (tempfile.TemporaryDirectory(prefix="vs-warp-") as tmp,
+          memory_for_run(a, a.iterations * objects * obj_size) as memory_state):
+        print(memory_state, file=sys.stderr, flush=True)
         workdir = Path(tmp)
         if a.endpoint:
             endpoint, bucket = a.endpoint, a.bucket
@@ -310,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in rows.items()}
     load = os.getloadavg()
-    print(f"\nobject size {obj_size / MIB:g} MiB ({objects} per ckptbench checkpoint), "
+    print(f"\nobject size {obj_size / MIB:g} MiB ({objects} per ckptbench checkpoint, and "
+          f"{2 * layers + 1} norm vectors), "
           f"concurrency {a.concurrency}, endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
           f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s), "
