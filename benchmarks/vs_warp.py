@@ -102,12 +102,10 @@ def matrices(layers: int) -> int:
 
 
 def prefill_bytes(layers: int, concurrency: int, obj_size: int) -> int:
-    """--prefill that makes the busiest thread's whole share before the clock. With one
-    block per object, every object takes a whole block-sized buffer, a norm vector's too,
-    so count objects: C x (ceil(matrices / C) + ceil(norms / C)) blocks (each size spreads
-    evenly over the threads: runner.engine.assign_threads)."""
-    norms = 2 * layers + 1
-    return concurrency * (-(-matrices(layers) // concurrency) + -(-norms // concurrency)) * obj_size
+    """--prefill that makes each thread's whole share before the clock: C x (ceil(matrices
+    / C) + 1) objects, the one over for the norm vectors (the engine spreads each size
+    evenly over the threads, and gives a thread whose share fits a buffer per block)."""
+    return concurrency * (-(-matrices(layers) // concurrency) + 1) * obj_size
 
 
 def workload(obj_size: int, layers: int) -> str:

@@ -192,19 +192,33 @@ def test_vs_warp_checkpoints_move_whole_waves_of_objects() -> None:
 
 
 @pytest.mark.parametrize(("layers", "threads"), [(6, 4), (2, 2), (10, 8), (5, 7)])
-def test_vs_warp_prefill_covers_the_busiest_threads_objects(tmp_path: Path, layers: int, threads: int) -> None:
-    """Every object (a norm vector too) takes one block-sized buffer of the engine's: the
-    prefill must hold the busiest thread's count of them, or payload is made on the clock."""
+def test_vs_warp_prefill_makes_every_object_before_the_clock(tmp_path: Path, layers: int,
+                                                              threads: int) -> None:
+    """The engine gives each writer thread a buffer for every block of its share (norm
+    vectors included) when the prefill holds it: none is made on the clock. A smaller
+    prefill bounds the buffers by bytes, as before."""
     from benchmarks.vs_warp import prefill_bytes, workload
+    from ckptbench.backends.local import LocalBackend
     from ckptbench.plan import build_plan
-    from ckptbench.runner.engine import assign_threads, file_jobs
+    from ckptbench.runner.comm import SingleComm
+    from ckptbench.runner.engine import RankEngine, RunOptions, assign_threads, file_jobs
     from ckptbench.spec import load_workload
 
     obj = 16 << 20
     (tmp_path / "w.toml").write_text(workload(obj, layers))
-    jobs = file_jobs(build_plan(load_workload(tmp_path / "w.toml")), [0], "ck", 1, 0)
-    busiest = max(sum(-(-j.size // obj) for j in group) for group in assign_threads(jobs, threads))
-    assert prefill_bytes(layers, threads, obj) // threads // obj == busiest
+    plan = build_plan(load_workload(tmp_path / "w.toml"))
+    jobs = file_jobs(plan, [0], "ck", 1, 0)
+    groups = assign_threads(jobs, threads)
+
+    def engine(prefill: int) -> RankEngine:
+        return RankEngine(plan, [0], LocalBackend(str(tmp_path / "t")), SingleComm(),
+                          RunOptions(run_id="x", threads=threads, block_size=obj, prefill_bytes=prefill))
+
+    whole = engine(prefill_bytes(layers, threads, obj))
+    for group in groups:
+        assert whole.buffers_for(group) == sum(-(-j.size // obj) for j in group)
+    small = engine(4 * obj * threads)  # 4 objects' bytes per thread: 4 buffers, reused
+    assert [small.buffers_for(g) for g in groups] == [4] * threads
 
 
 def expected_reporting_states() -> tuple[str, ...]:

@@ -209,10 +209,21 @@ class RankEngine:
         # (MPI with fewer processes than ranks) gets each rank's share.
         nthreads = max(1, options.threads) * max(1, len(ranks))
         prefill = options.prefill_bytes * max(1, len(ranks))
-        per_thread = max(2, prefill // nthreads // self.block)
-        self.nbuf = per_thread
+        self.share = prefill // nthreads  # payload bytes per thread made before the clock
+        self.nbuf = max(2, self.share // self.block)
         self._held: list[_Pipeline] | None = None  # buffers kept until off the clock
         self.nthreads = nthreads
+
+    def buffers_for(self, jobs: list[FileJob]) -> int:
+        """Payload buffers for one writer thread. When the thread's whole payload fits its
+        share of the prefill, a buffer per block: a small file's only block still takes a
+        buffer, but only its bytes are touched and none is reused, so counting buffers
+        instead (share // block) would leave payload to be made on the clock. Otherwise
+        share // block buffers (at least 2), reused, which bounds the memory."""
+        blocks = max(1, sum(-(-j.size // self.block) for j in jobs))
+        if sum(j.size for j in jobs) <= self.share:
+            return blocks
+        return min(blocks, self.nbuf)
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
@@ -299,8 +310,7 @@ class RankEngine:
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
         self._held = None  # the last phase's buffers, freed here, before the clock
         groups = assign_threads(jobs, self.nthreads)
-        pipes = [_Pipeline(min(self.nbuf, max(1, sum(-(-j.size // self.block) for j in g))),
-                           self.block) for g in groups]
+        pipes = [_Pipeline(self.buffers_for(g), self.block) for g in groups]
         results = [ThreadResult() for _ in groups]
         producers = [threading.Thread(target=self._produce, args=(p, g, r), daemon=True)
                      for p, g, r in zip(pipes, groups, results, strict=True)]
