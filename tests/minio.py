@@ -226,6 +226,7 @@ class FaultProxy(_Loopback):
         self.faults = list(faults or [])
         self.match = match or (lambda method, path: True)
         self.injected: list[tuple[str, str, str]] = []
+        self.user_agents: list[str] = []  # of every request, in order
         self.forwarded = 0
         self.lock = threading.Lock()
         proxy = self
@@ -268,6 +269,7 @@ class FaultProxy(_Loopback):
                 body = self._body()
                 fault = None
                 with proxy.lock:
+                    proxy.user_agents.append(self.headers.get("User-Agent", ""))
                     if proxy.faults and proxy.match(self.command, self.path):
                         fault = proxy.faults.pop(0)
                         proxy.injected.append((fault, self.command, self.path))

@@ -91,6 +91,18 @@ def public_endpoint(url: str | None) -> str | None:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
+def user_agent() -> str:
+    """ckptbench's User-Agent: the tool and the versions a server operator would ask for."""
+    import platform
+
+    import botocore
+
+    from ckptbench import __version__
+
+    return (f"ckptbench/{__version__} botocore/{botocore.__version__} "
+            f"Python/{platform.python_version()}")
+
+
 def _is_aws(endpoint: str) -> bool:
     host = urlsplit(endpoint).hostname or ""
     return host.endswith(".amazonaws.com") or host.endswith(".amazonaws.com.cn")
@@ -220,6 +232,11 @@ class S3Backend(Backend):
             s3cfg["payload_signing_enabled"] = self.payload_signing == "on"
         config = Config(
             max_pool_connections=self.concurrency * self.io_threads + 4,
+            # A fixed User-Agent: botocore otherwise rebuilds and sanitizes its own, character
+            # by character, on every request; with parameter validation off (ckptbench builds
+            # every request itself) that is about a tenth less client CPU per request.
+            user_agent=user_agent(),
+            parameter_validation=False,
             connect_timeout=2.0 if quick else float(self.options["connect_timeout"]),
             read_timeout=10.0 if quick else float(self.options["read_timeout"]),
             # total_max_attempts counts the first try; botocore's max_attempts counts retries.
@@ -228,7 +245,6 @@ class S3Backend(Backend):
             request_checksum_calculation=self.checksum,
             response_checksum_validation=self.checksum,
             s3=s3cfg,
-            user_agent_extra="ckptbench",
         )
         client = session.client(
             "s3", endpoint_url=self.options["endpoint_url"], region_name=r["region"], config=config)
@@ -628,6 +644,16 @@ class _S3Writer(WriteHandle):
             self._harvest(block=True)
         number = self.next_part
         self.next_part += 1
+        if self.b.concurrency == 1:
+            # One part in flight: the calling thread sends it itself (no pool thread to
+            # start per object, no two thread handoffs per part).
+            done: Future[dict[str, Any]] = Future()
+            try:
+                done.set_result(self._upload_part(number, body, n, pooled))
+            except BaseException as exc:  # noqa: BLE001 - raised where a pool's would be
+                done.set_exception(exc)
+            self.pending.add(done)
+            return done
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.b.concurrency, thread_name_prefix="ckptbench-s3")
         fut = self.pool.submit(self._upload_part, number, body, n, pooled)

@@ -86,6 +86,49 @@ def test_multipart_parts_and_parallel_ranges(s3env: MinioServer) -> None:
     b.release()
 
 
+@pytest.mark.parametrize("fault", [None, "503"])
+def test_one_part_in_flight_is_sent_by_the_calling_thread(s3env: MinioServer,
+                                                          fault: str | None) -> None:
+    """--s3-concurrency 1: write() uploads each part itself (no pool thread), in place,
+    retried whole; every request carries ckptbench's User-Agent."""
+    faults = [fault] if fault else []
+    with FaultProxy(s3env.endpoint, faults, lambda m, p: m == "PUT" and "partNumber=2" in p) as proxy:
+        b = s3(f"s3://{s3env.bucket}/one/{uuid.uuid4().hex[:8]}", proxy.endpoint, concurrency=1)
+        b.prepare()
+        b.stats()
+        data = os.urandom(16 * MIB + 7)
+        w = b.open_write("ck/x", len(data))
+        w.write(memoryview(data))  # one block holding all four parts
+        assert w.pool is None and all(f.done() for f in w.pending)
+        w.sync()
+        w.close()
+        st = b.stats()
+        assert st["requests"] == 1 + 4 + 1 and st["retries"] == len(faults), st
+        assert [i[0] for i in proxy.injected] == faults
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        assert proxy.user_agents and all(ua.startswith("ckptbench/0.") and "botocore/" in ua
+                                         for ua in proxy.user_agents), set(proxy.user_agents)
+        b.remove_tree("ck")
+        b.release()
+
+
+def test_one_part_in_flight_fails_in_one_line(s3env: MinioServer) -> None:
+    with FaultProxy(s3env.endpoint, ["500"] * 5,
+                    lambda m, p: m == "PUT" and "partNumber=" in p) as proxy:
+        b = s3(f"s3://{s3env.bucket}/onefail/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               concurrency=1, max_attempts=2)
+        b.prepare()
+        w = b.open_write("ck/x", 12 * MIB)
+        with pytest.raises(BackendError) as err:
+            w.write(memoryview(bytes(12 * MIB)))
+            w.sync()
+        assert "server error 500" in str(err.value) and "upload part 1" in str(err.value)
+        w.abort()
+        assert len(proxy.injected) == 2
+        b.remove_tree("ck")
+        b.release()
+
+
 def test_part_size_grows_past_ten_thousand_parts() -> None:
     b = S3Backend("s3://bucket/p", {"part_size": 8 * MIB})
     assert b.part_size_for(10 * MIB) == 8 * MIB
