@@ -178,6 +178,22 @@ def turns(repeat: int, reference: str, ours: str = "ckptbench") -> Iterator[tupl
         yield from ((i, tool) for tool in ((reference, ours) if i % 2 == 0 else (ours, reference)))
 
 
+def cpu_ticks(stat: str | None = None) -> tuple[int, int]:
+    """(stolen, total) CPU ticks of the machine so far, from /proc/stat's first line
+    (`stat` for tests). On a VM, steal is time the guest's vCPUs were runnable but the
+    host ran something else: a busy neighbour slows whichever tool's turn it lands in, so
+    the scripts print each turn's share (below 0.02 is a quiet host)."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]  # user .. steal
+    return fields[7], sum(fields)
+
+
+def stolen_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of CPU time stolen between two cpu_ticks() readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
+
+
 def pairs_ratio(reference: list[float], ours: list[float]) -> float:
     """Median of the per-pair ratios: holds better than the ratio of medians when the
     machine's speed drifts from one pair to the next."""

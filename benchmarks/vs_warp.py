@@ -69,10 +69,12 @@ from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
 from benchmarks.machine_state import (  # noqa: E402
     add_reporting_option,
+    cpu_ticks,
     memory_for_run,
     pairs_ratio,
     parse_warm,
     prepare_turn,
+    stolen_share,
     turns,
     warm_size,
 )
@@ -296,26 +298,31 @@ def main(argv: list[str] | None = None) -> int:
                 mp, signed = mode == "multipart", signing == "signed"
                 r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
-                    "cpu_ckptbench")})
+                    "cpu_ckptbench", "steal_warp", "steal_ckptbench")})
                 for i, tool in turns(a.repeat, "warp"):
                     empty_trash(server)
                     prepare_turn(warm)
+                    ticks = cpu_ticks()
                     if tool == "warp":
                         for op in ("put", "get"):
                             rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
                                                  a.concurrency, a.duration, mp, signed, workdir)
                             r[f"warp_{op}"].append(rate)
                             r[f"cpu_warp_{op}"].append(cpu)
+                        r["steal_warp"].append(stolen_share(ticks, cpu_ticks()))
                         print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
-                              f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
+                              f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s (CPU stolen "
+                              f"{r['steal_warp'][-1]:.1%})", file=sys.stderr, flush=True)
                         continue
                     ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, layers,
                                        a.iterations, mp, signed, workdir, a.ckptbench_args)
                     r["save"].append(ck["save"])
                     r["restore"].append(ck["restore"])
                     r["cpu_ckptbench"].append(ck["cpu_per_gb"])
+                    r["steal_ckptbench"].append(stolen_share(ticks, cpu_ticks()))
                     print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
-                          f"restore {ck['restore'] / 1e9:.3f} GB/s", file=sys.stderr, flush=True)
+                          f"restore {ck['restore'] / 1e9:.3f} GB/s (CPU stolen "
+                          f"{r['steal_ckptbench'][-1]:.1%})", file=sys.stderr, flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -343,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"(incl. uploading its objects), ckptbench save+restore "
                       f"{m['cpu_ckptbench']:.2f} (incl. start-up, payload, verification)"
                       for mode, m in med.items()))
+    print("CPU stolen by the hypervisor per turn (other guests' load; under 2% is a quiet "
+          "host): " + "; ".join(
+              f"{mode}: warp {' '.join(f'{x:.1%}' for x in rows[mode]['steal_warp'])} | ckptbench "
+              f"{' '.join(f'{x:.1%}' for x in rows[mode]['steal_ckptbench'])}" for mode in med))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"obj_size": obj_size, "concurrency": a.concurrency,
                                                 "runs": rows, "median": med}, indent=2))

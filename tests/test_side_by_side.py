@@ -174,8 +174,20 @@ def test_vs_warp_runs_both_tools_against_its_own_minio() -> None:
     for *_, warp, ck, _ratio, _pairs in rows:
         assert float(warp) > 0 and float(ck) > 0
     assert "2 alternating run(s), warm-up 0.00 GiB" in out.stdout
+    stolen = re.search(r"^CPU stolen by the hypervisor per turn .*: single/unsigned: warp "
+                       r"([\d.]+)% ([\d.]+)% \| ckptbench ([\d.]+)% ([\d.]+)%$", out.stdout, re.M)
+    assert stolen and all(0 <= float(x) <= 100 for x in stolen.groups()), out.stdout
     assert re.search("^(" + "|".join(map(re.escape, expected_reporting_states())) + ")", out.stdout,
                      re.M), out.stdout
+
+
+def test_cpu_ticks_reads_steal_from_proc_stat() -> None:
+    stat = "cpu  100 5 50 800 20 3 2 20 0 0\ncpu0 50 2 25 400 10 1 1 10 0 0\n"
+    assert machine_state.cpu_ticks(stat) == (20, 1000)
+    assert machine_state.stolen_share((20, 1000), (70, 2000)) == 0.05
+    assert machine_state.stolen_share((20, 1000), (20, 1000)) == 0.0
+    stolen, total = machine_state.cpu_ticks()  # this machine's, counted up since boot
+    assert 0 <= stolen <= total and total > 0
 
 
 def test_vs_warp_checkpoints_move_whole_waves_of_objects() -> None:
