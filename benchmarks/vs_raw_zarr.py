@@ -141,8 +141,9 @@ def main() -> None:
             saves = [i["throughput_bytes_per_s"] for i in per_iter[label]["save"][-args.iterations:]]
             round_save[label] = statistics.median(saves)
             for r in recs:
-                if r["type"] == "op" and r["op"] == "write_shard" and kind_of(r["object"]):
-                    k = by_kind.setdefault(label, {}).setdefault(kind_of(r["object"]), [0, 0])
+                kind = kind_of(r["object"]) if r["type"] == "op" and r["op"] == "write_shard" else None
+                if kind:
+                    k = by_kind.setdefault(label, {}).setdefault(kind, [0, 0])
                     k[0] += r["bytes"]
                     k[1] += r["stored_bytes"]
         round_ratio.append(round_save["zarr"] / round_save["raw"])
@@ -163,15 +164,15 @@ def main() -> None:
     print("-" * len(head))
     figures: dict[str, Any] = {}
     for label, _fmt, codec, payload in configs:
-        s, r = per_iter[label]["save"], per_iter[label]["restore"]
-        save = statistics.median(i["throughput_bytes_per_s"] for i in s) / 1e9
-        rest = statistics.median(i["throughput_bytes_per_s"] for i in r) / 1e9 if r else float("nan")
-        has_stored = "stored_bytes" in s[0]
-        ssave = statistics.median(i["stored_throughput_bytes_per_s"] for i in s) / 1e9 if has_stored else save
-        srest = statistics.median(i["stored_throughput_bytes_per_s"] for i in r) / 1e9 if has_stored and r else rest
-        ratio = statistics.median(i["compression_ratio"] for i in s) if has_stored else 1.0
-        lo = min(i["throughput_bytes_per_s"] for i in s) / 1e9
-        hi = max(i["throughput_bytes_per_s"] for i in s) / 1e9
+        sv, rs = per_iter[label]["save"], per_iter[label]["restore"]
+        save = statistics.median(i["throughput_bytes_per_s"] for i in sv) / 1e9
+        rest = statistics.median(i["throughput_bytes_per_s"] for i in rs) / 1e9 if rs else float("nan")
+        has_stored = "stored_bytes" in sv[0]
+        ssave = statistics.median(i["stored_throughput_bytes_per_s"] for i in sv) / 1e9 if has_stored else save
+        srest = statistics.median(i["stored_throughput_bytes_per_s"] for i in rs) / 1e9 if has_stored and rs else rest
+        ratio = statistics.median(i["compression_ratio"] for i in sv) if has_stored else 1.0
+        lo = min(i["throughput_bytes_per_s"] for i in sv) / 1e9
+        hi = max(i["throughput_bytes_per_s"] for i in sv) / 1e9
         name = f"{label} ({payload})"
         print(f"{name:46s} {save:9.3f} {ssave:7.3f} {rest:8.3f} {srest:7.3f} {ratio:6.3f}  {lo:.3f}-{hi:.3f}")
         figures[label] = {"codec": codec, "payload": payload, "save_GBps": save,
