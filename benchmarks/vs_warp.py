@@ -36,7 +36,8 @@ memory otherwise paid for the host's page faults, about 4 s of CPU per GB here, 
 its clock; `--page-reporting leave` runs on the machine as it is). Before each tool's
 turn the MinIO this script started has its trash emptied (empty_trash says why) and the
 page cache is dropped (when permitted); turns alternate in ABBA order (warp, ckptbench,
-ckptbench, warp, ...) over --repeat. --warm-memory (touch memory before each turn, as
+ckptbench, warp, ...) over --repeat, and each turn's share of CPU stolen by the hypervisor
+(a busy neighbour on the host) is printed with it. --warm-memory (touch memory before each turn, as
 vs_fio does) is off by default here: with page reporting paused it has nothing left to
 do, and without it a warm-up is undone within seconds (docs/s3.md has the figures).
 
