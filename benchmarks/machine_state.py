@@ -182,7 +182,7 @@ def cpu_ticks(stat: str | None = None) -> tuple[int, int]:
     """(stolen, total) CPU ticks of the machine so far, from /proc/stat's first line
     (`stat` for tests). On a VM, steal is time the guest's vCPUs were runnable but the
     host ran something else: a busy neighbour slows whichever tool's turn it lands in, so
-    the scripts print each turn's share (below 0.02 is a quiet host)."""
+    vs_warp prints each turn's share (below 0.02 is a quiet host)."""
     text = stat if stat is not None else Path("/proc/stat").read_text()
     fields = [int(v) for v in text.splitlines()[0].split()[1:9]]  # user .. steal
     return fields[7], sum(fields)

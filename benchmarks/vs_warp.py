@@ -164,6 +164,11 @@ def empty_trash(server: MinioServer | None) -> int:
     return len(entries)
 
 
+def shares(values: list[float]) -> str:
+    """[0.021, 0.003] -> '2.1% 0.3%'."""
+    return " ".join(f"{x:.1%}" for x in values)
+
+
 def seconds(text: str) -> float:
     """warp's '1m5s' / '6s' -> seconds."""
     return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"([\d.]+)([hms])", text))
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                         r["steal_warp"].append(stolen_share(ticks, cpu_ticks()))
                         print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
                               f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s (CPU stolen "
-                              f"{r['steal_warp'][-1]:.1%})", file=sys.stderr, flush=True)
+                              f"{shares(r['steal_warp'][-1:])})", file=sys.stderr, flush=True)
                         continue
                     ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, layers,
                                        a.iterations, mp, signed, workdir, a.ckptbench_args)
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["steal_ckptbench"].append(stolen_share(ticks, cpu_ticks()))
                     print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
                           f"restore {ck['restore'] / 1e9:.3f} GB/s (CPU stolen "
-                          f"{r['steal_ckptbench'][-1]:.1%})", file=sys.stderr, flush=True)
+                          f"{shares(r['steal_ckptbench'][-1:])})", file=sys.stderr, flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -353,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                       for mode, m in med.items()))
     print("CPU stolen by the hypervisor per turn (other guests' load; under 2% is a quiet "
           "host): " + "; ".join(
-              f"{mode}: warp {' '.join(f'{x:.1%}' for x in rows[mode]['steal_warp'])} | ckptbench "
-              f"{' '.join(f'{x:.1%}' for x in rows[mode]['steal_ckptbench'])}" for mode in med))
+              f"{mode}: warp {shares(rows[mode]['steal_warp'])} | ckptbench "
+              f"{shares(rows[mode]['steal_ckptbench'])}" for mode in med))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"obj_size": obj_size, "concurrency": a.concurrency,
                                                 "runs": rows, "median": med}, indent=2))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import random
 import re
@@ -91,6 +92,7 @@ def public_endpoint(url: str | None) -> str | None:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
+@functools.cache
 def user_agent() -> str:
     """ckptbench's User-Agent: the tool and the versions a server operator would ask for."""
     import platform
