@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from ckptbench.backends import open_backend
+from ckptbench.measure import measure
 from ckptbench.payload import PayloadGenerator, Region
 from ckptbench.plan import build_plan
-from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id
+from ckptbench.runner import RunOptions, RunRequest, new_run_id
 from ckptbench.spec import load_workload, scaled
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
@@ -41,9 +42,9 @@ def _run(case: str, io: str) -> dict[str, float]:
         options = RunOptions(iterations=1, run_id=new_run_id())
         backend = open_backend(str(work / "target"), {"io": io})
         req = RunRequest(workload=full, plan=plan, ranks=ranks, backend=backend, options=options,
-                         results=work / "results.jsonl", scale=scale)
-        summary = execute(req) or []
-        return {s["phase"]: s["throughput_bytes_per_s"] / 1e9 for s in summary}
+                         scale=scale)
+        outcome = measure(req, work / "results.jsonl") or {"summary": []}
+        return {s["phase"]: s["throughput_bytes_per_s"] / 1e9 for s in outcome["summary"]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -23,3 +23,23 @@ class BackendError(CkptbenchError):
 
 class VerificationError(Exception):
     """Restored bytes differ from what was written: the run has failed (exit 1)."""
+
+
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line message) for an error to be gathered and reported."""
+    if isinstance(exc, VerificationError):
+        return "verification", str(exc)
+    if isinstance(exc, CkptbenchError):
+        return "backend", str(exc)
+    if isinstance(exc, OSError):
+        return "backend", f"{getattr(exc, 'filename', '') or ''}: {exc.strerror or exc}".lstrip(": ")
+    return "internal", f"{type(exc).__name__}: {exc}"
+
+
+class RunFailed(CkptbenchError):
+    """An iteration failed on some process; the message says where and why."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.exit_code = 2 if kind == "backend" else 1

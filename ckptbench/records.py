@@ -26,10 +26,11 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from ckptbench import __version__
 
@@ -92,30 +93,175 @@ def environment(target_info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class ResultsWriter:
-    """Appends records to a JSONL file that did not exist before (never overwrites)."""
+@dataclass(slots=True)
+class OpRecord:
+    """One timed call (``op``), on process 0's clock."""
+
+    iteration: int
+    phase: str
+    rank: int
+    thread: int
+    op: str
+    file: str
+    bytes: int
+    start_ns: int
+    end_ns: int
+    process: int | None = None  # set for ops of a process rather than a rank (manifest)
+    extra: dict[str, Any] | None = None  # format-specific fields (stored_bytes, object, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "op", "iteration": self.iteration, "phase": self.phase,
+                               "rank": self.rank}
+        if self.process is not None:
+            out["process"] = self.process
+        out.update(thread=self.thread, op=self.op, file=self.file, bytes=self.bytes,
+                   start_ns=self.start_ns, end_ns=self.end_ns)
+        if self.extra:
+            out.update(self.extra)
+        return out
+
+
+@dataclass(slots=True)
+class RankRecord:
+    """One rank's phase: bytes, span and seconds spent per op kind (``<op>_s``)."""
+
+    iteration: int
+    phase: str
+    rank: int
+    process: int
+    host: str
+    bytes: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    ops: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    stored_bytes: int | None = None
+    backend: dict[str, int] | None = None  # backend counters (retries, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "rank", "iteration": self.iteration, "phase": self.phase, "rank": self.rank,
+            "process": self.process, "host": self.host, "bytes": self.bytes,
+            "start_ns": self.start_ns, "end_ns": self.end_ns, "ops": self.ops,
+            **{f"{k}_s": v for k, v in self.seconds.items()}}
+        if self.stored_bytes is not None:
+            out["stored_bytes"] = self.stored_bytes
+        if self.backend:
+            out["backend"] = self.backend
+        return out
+
+
+@dataclass(slots=True)
+class SavePhaseRecord:
+    """What the coordinator saw of a save: the commit and whether it succeeded."""
+
+    iteration: int
+    ok: bool
+    checkpoint: str
+    processes: int
+    commit_ns: list[int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "phase", "iteration": self.iteration, "phase": "save", "ok": self.ok,
+                "checkpoint": self.checkpoint, "processes": self.processes,
+                "commit_ns": self.commit_ns}
+
+
+@dataclass(slots=True)
+class RestorePhaseRecord:
+    """What the coordinator saw of a restore: cache rule, verification, shift."""
+
+    iteration: int
+    ok: bool
+    cache: str | list[str]
+    verified: bool
+    mismatched_chunks: int
+    restore_shift: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "phase", "iteration": self.iteration, "phase": "restore", "ok": self.ok,
+                "cache": self.cache, "verified": self.verified,
+                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift}
+
+
+@dataclass(slots=True)
+class ErrorRecord:
+    """An iteration that failed, and why (``removed``: the partial checkpoint deleted)."""
+
+    iteration: int
+    phase: str
+    kind: str
+    message: str
+    removed: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "error", "iteration": self.iteration, "phase": self.phase,
+                               "kind": self.kind, "message": self.message}
+        if self.removed is not None:
+            out["removed"] = self.removed
+        return out
+
+
+@dataclass(slots=True)
+class ClockRecord:
+    """Under MPI on several nodes: each node's clock offset to rank 0 at the end."""
+
+    when: str
+    nodes: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "clock", "when": self.when, "nodes": self.nodes}
+
+
+Record = OpRecord | RankRecord | SavePhaseRecord | RestorePhaseRecord | ErrorRecord | ClockRecord
+
+
+def as_dict(record: Record | dict[str, Any]) -> dict[str, Any]:
+    return record if isinstance(record, dict) else record.to_dict()
+
+
+class RecordSink(Protocol):
+    """Where the runner sends records (the coordinator's only)."""
+
+    def write(self, record: Record | dict[str, Any]) -> None: ...
+
+    def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class JsonlSink:
+    """Appends records to a JSONL file that did not exist before (never overwrites), and
+    keeps what it wrote in memory, so the caller summarizes without reading the file back."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._f: IO[str] | None = None
+        self.records: list[dict[str, Any]] = []
 
     def open(self) -> None:
         from ckptbench.errors import CkptbenchError
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "x")  # noqa: SIM115 - lives as long as the writer
+            self._f = open(self.path, "x")  # noqa: SIM115 - lives as long as the sink
         except FileExistsError:
             raise CkptbenchError(f"{self.path}: results file exists (never overwritten); "
                                  "choose another --results path") from None
         except OSError as exc:
             raise CkptbenchError(f"{self.path}: cannot write results ({exc.strerror})") from None
 
-    def write(self, record: dict[str, Any]) -> None:
-        assert self._f is not None
-        self._f.write(json.dumps(redact(record), separators=(",", ":")) + "\n")
+    @property
+    def is_open(self) -> bool:
+        return self._f is not None
 
-    def write_all(self, records: list[dict[str, Any]]) -> None:
+    def write(self, record: Record | dict[str, Any]) -> None:
+        assert self._f is not None
+        data = redact(as_dict(record))
+        self.records.append(data)
+        self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
+
+    def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None:
         for r in records:
             self.write(r)
         self.flush()

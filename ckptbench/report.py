@@ -152,7 +152,12 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def load(path: str) -> dict[str, Any]:
     """A results file as {run, iterations, summary, errors}."""
-    records = list(read_records(path))
+    return view(list(read_records(path)), path)
+
+
+def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    """A run's records (from a file, or kept in memory by the sink) as {run, iterations,
+    summary, errors}."""
     run = next((r for r in records if r.get("type") == "run"), {})
     summary = [r for r in records if r.get("type") == "summary"] or summarize(records)
     return {

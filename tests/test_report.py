@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ckptbench.errors import CkptbenchError
-from ckptbench.records import SCHEMA, ResultsWriter, read_records, redact
+from ckptbench.records import SCHEMA, JsonlSink, read_records, redact
 from ckptbench.report import iteration_stats, summarize
 
 S = 1_000_000_000  # ns per second
@@ -76,14 +76,14 @@ def test_secrets_are_redacted_and_results_never_overwritten(tmp_path):
     assert redact({"aws_secret_access_key": "x", "nested": [{"password": "p", "ok": 1}]}) == \
         {"aws_secret_access_key": "<redacted>", "nested": [{"password": "<redacted>", "ok": 1}]}
     path = tmp_path / "r.jsonl"
-    w = ResultsWriter(path)
+    w = JsonlSink(path)
     w.open()
     w.write({"type": "run", "schema": SCHEMA, "options": {"secret_key": "hunter2"}})
     w.close()
     assert "hunter2" not in path.read_text()
     assert next(read_records(path))["options"]["secret_key"] == "<redacted>"
     with pytest.raises(CkptbenchError, match="never overwritten"):
-        ResultsWriter(path).open()
+        JsonlSink(path).open()
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"type": "run", "schema": "other/1"}) + "\n")
     with pytest.raises(CkptbenchError, match="not a ckptbench results file"):

@@ -211,20 +211,24 @@ def test_vs_warp_prefill_makes_every_object_before_the_clock(tmp_path: Path, lay
     prefill bounds the buffers by bytes, as before."""
     from benchmarks.vs_warp import prefill_bytes, workload
     from ckptbench.backends.local import LocalBackend
+    from ckptbench.formats.base import file_jobs
+    from ckptbench.formats.pipeline import assign_threads
+    from ckptbench.formats.raw import RawFormat, by_size
     from ckptbench.plan import build_plan
     from ckptbench.runner.comm import SingleComm
-    from ckptbench.runner.engine import RankEngine, RunOptions, assign_threads, file_jobs
+    from ckptbench.runner.options import RunOptions
     from ckptbench.spec import load_workload
 
     obj = 16 << 20
     (tmp_path / "w.toml").write_text(workload(obj, layers))
     plan = build_plan(load_workload(tmp_path / "w.toml"))
     jobs = file_jobs(plan, [0], "ck", 1, 0)
-    groups = assign_threads(jobs, threads)
+    groups = assign_threads(jobs, threads, by_size)
 
-    def engine(prefill: int) -> RankEngine:
-        return RankEngine(plan, [0], LocalBackend(str(tmp_path / "t")), SingleComm(),
-                          RunOptions(run_id="x", threads=threads, block_size=obj, prefill_bytes=prefill))
+    def engine(prefill: int) -> RawFormat:
+        return RawFormat(plan, [0], LocalBackend(str(tmp_path / "t")), SingleComm(),
+                         RunOptions(run_id="x", threads=threads, block_size=obj,
+                                    prefill_bytes=prefill).format_options())
 
     whole = engine(prefill_bytes(layers, threads, obj))
     for group in groups:

@@ -91,6 +91,26 @@ class Backend(ABC):
     def remove_tree(self, prefix: str) -> None:
         """Delete everything under `prefix` (a checkpoint ckptbench wrote)."""
 
+    # TEMPORARY shim until the backends branch lands (same API)
+    def check_run(self, shared_file: bool, restore: bool, processes: int) -> None:
+        if shared_file and "shared-file" not in self.capabilities:
+            raise BackendError(
+                f"[checkpoint] files = 'shared' (one file written by all ranks) needs a file "
+                f"system target; {self.target} is a {self.name} target; allowed there: "
+                "dcp, per-rank, per-chunk")
+
+    def create_shared(self, key: str, size: int) -> None:
+        raise BackendError("unsupported")
+
+    def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> WriteHandle:
+        raise BackendError("unsupported")
+
+    def set_striping(self, prefix: str, stripe_size: int, stripe_count: int) -> dict[str, Any]:
+        return {"applied": False, "reason": f"not available for the {self.name} backend"}
+
+    def drop_host_caches(self) -> bool:
+        return False
+
     def drop_cache(self, keys: list[str]) -> str:
         """Keep restores from reading what the save left in a cache; say how."""
         return "none"

@@ -285,6 +285,9 @@ class LocalBackend(Backend):
         evict_from_page_cache(self._path(key) for key in keys)
         return "fadvise"
 
+    def drop_host_caches(self) -> bool:
+        return drop_page_cache()
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": str(self.root), **filesystem_info(self.root)}
 

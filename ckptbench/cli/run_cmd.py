@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,12 @@ from rich.table import Table
 from ckptbench import report as report_mod
 from ckptbench.backends import open_backend
 from ckptbench.cli.backend_options import backend_options, build_backend_options
-from ckptbench.errors import SpecError
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats import FORMATS, check_format
+from ckptbench.measure import measure
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
-from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id, open_launcher
+from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -104,6 +107,20 @@ def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+@contextlib.contextmanager
+def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
+    """On MPI ranks other than 0, an error rank 0 also reports ends the process with its
+    exit status and no output (errors of one rank alone are printed where they happen,
+    before the job is aborted)."""
+    if launcher.root:
+        yield
+        return
+    try:
+        yield
+    except CkptbenchError as exc:
+        raise SystemExit(exc.exit_code) from None
+
+
 @click.command("run")
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--target", default="ckptbench-data", show_default=True,
@@ -146,13 +163,13 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 **backend_cli: Any) -> None:
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     launch = open_launcher(launcher)
-    with launch.quiet_unless_root():  # under MPI only rank 0 prints
+    with quiet_unless_root(launch):  # under MPI only rank 0 prints
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json, backend_cli,
              fmt=fmt, codec=codec)
 
 
-def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
+def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_cli: dict[str, Any], fmt: str = "raw", codec: str = "none") -> None:
@@ -175,7 +192,7 @@ def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, r
     total = per_iter * iterations * (1 if no_restore else 2)
     console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
-                     results=results_path, scale=scale, restore_shift_auto=restore_shift is None)
+                     scale=scale, restore_shift_auto=restore_shift is None)
 
     def banner() -> None:
         click.echo(f"{full.name}: {len(selected)} of {plan.world_size} ranks, "
@@ -184,11 +201,11 @@ def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, r
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                   transient=True, disable=not launch.root) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        execute(req, on_progress=lambda n: progress.advance(task, n), on_start=banner,
-                launch=launch)
-    if not launch.root:
+        outcome = measure(req, results_path, launch,
+                          on_progress=lambda n: progress.advance(task, n), on_start=banner)
+    if outcome is None:  # MPI ranks other than 0 print nothing
         return
-    loaded = [report_mod.load(str(results_path))]
+    loaded = [outcome]
     if as_json:
         click.echo(json.dumps({"results": str(results_path), "summary": loaded[0]["summary"]}, indent=2))
     else:

@@ -1,62 +1,61 @@
 """Checkpoint formats: how a plan's chunks become bytes on the target.
 
-* ``raw`` (default): ckptbench's own engine, the plan's files written as planned
-  (:class:`ckptbench.runner.engine.RankEngine`).
-* ``zarr``: one zarr v3 array per state-dict key, each rank writing its chunks as whole
-  shards (the sharding codec), optionally compressed (:mod:`ckptbench.formats.zarr_format`).
-* ``torch-dcp``: real torch tensors saved by torch.distributed.checkpoint's own writer
-  (needs torch; :mod:`ckptbench.formats.torch_dcp`).
+Each format is one module implementing :class:`ckptbench.formats.base.Format` and one line
+in :data:`FORMATS` (imported on demand: torch stays optional):
 
-Every format runs inside the same collective loop (runner.driver): the same barriers,
-clock, manifest commit, cache eviction and digest verification.
+* ``raw`` (default): the plan's files written byte for byte as planned;
+* ``zarr``: one zarr v3 array per state-dict key, each rank writing its chunks as whole
+  shards (the sharding codec), optionally compressed;
+* ``torch-dcp``: real torch tensors saved by torch.distributed.checkpoint's own writer.
+
+Every format runs inside the same collective loop (the runner): the same barriers, clock,
+manifest commit, cache eviction and digest verification.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ckptbench.errors import SpecError
 from ckptbench.formats.codecs import CODEC_NAMES, CodecSpec, parse_codec
 
 if TYPE_CHECKING:
+    from ckptbench.backends import Backend
+    from ckptbench.formats.base import Format, FormatOptions, Group
     from ckptbench.plan import Plan
 
-FORMATS = ("raw", "zarr", "torch-dcp")
+# name -> "module:Class" (the registry: one line per format)
+FORMATS: dict[str, str] = {
+    "raw": "ckptbench.formats.raw:RawFormat",
+    "zarr": "ckptbench.formats.zarr:ZarrFormat",
+    "torch-dcp": "ckptbench.formats.torch_dcp:TorchDcpFormat",
+}
 
-__all__ = ["CODEC_NAMES", "FORMATS", "CodecSpec", "check_format", "engine_class", "parse_codec"]
+__all__ = ["CODEC_NAMES", "FORMATS", "CodecSpec", "check_format", "open_format", "parse_codec"]
 
 
-def engine_class(name: str) -> Any:
-    """The engine class of format `name` (imported on demand: torch stays optional)."""
-    if name == "raw":
-        from ckptbench.runner.engine import RankEngine
+def _allowed(name: str) -> SpecError:
+    return SpecError(f"--format {name!r} is not allowed; allowed: {', '.join(FORMATS)}")
 
-        return RankEngine
-    if name == "zarr":
-        from ckptbench.formats.zarr_format import ZarrEngine
 
-        return ZarrEngine
-    if name == "torch-dcp":
-        from ckptbench.formats.torch_dcp import TorchDcpEngine
+def format_class(name: str) -> Any:
+    """The class of format `name`, imported on demand."""
+    if name not in FORMATS:
+        raise _allowed(name)
+    module, _, cls = FORMATS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
-        return TorchDcpEngine
-    raise SpecError(f"--format {name!r} is not allowed; allowed: {', '.join(FORMATS)}")
+
+def open_format(name: str, plan: Plan, ranks: list[int], backend: Backend, group: Group,
+                options: FormatOptions, progress: Any = None) -> Format:
+    """Format `name` for one process's plan ranks."""
+    fmt: Format = format_class(name)(plan, ranks, backend, group, options, progress)
+    return fmt
 
 
 def check_format(name: str, codec: str, plan: Plan, ranks: list[int]) -> CodecSpec:
     """Validate a format choice against the plan before anything runs (one-line SpecError)."""
-    if name not in FORMATS:
-        raise SpecError(f"--format {name!r} is not allowed; allowed: {', '.join(FORMATS)}")
     spec = parse_codec(codec)
-    if name != "zarr" and spec != CodecSpec():
-        raise SpecError(f"--codec {codec!r} needs --format zarr (--format {name} writes"
-                        " uncompressed bytes); allowed here: --codec none")
-    if name == "zarr":
-        from ckptbench.formats.zarr_format import ZarrLayout
-
-        ZarrLayout(plan, spec)  # raises SpecError when the chunks do not fit zarr arrays
-    elif name == "torch-dcp":
-        from ckptbench.formats.torch_dcp import check_plan
-
-        check_plan(plan, ranks)
+    format_class(name).check(plan, ranks, spec)
     return spec

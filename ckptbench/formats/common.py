@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.formats.base import FileJob
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan import Plan
 from ckptbench.plan.sharding import MAX_DIMS
-from ckptbench.runner.engine import FileJob
 
 # bfloat16 travels as its 2-byte pattern (numpy has no bfloat16); formats record the truth.
 NP_DTYPES: dict[str, np.dtype[Any]] = {

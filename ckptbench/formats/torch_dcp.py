@@ -26,11 +26,14 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from ckptbench.backends import Backend
 from ckptbench.errors import SpecError
+from ckptbench.formats.base import FileJob, FormatBase, FormatOptions, Group, ThreadResult, now
+from ckptbench.formats.codecs import CodecSpec
 from ckptbench.formats.common import (
     NP_DTYPES,
     ChunkTask,
@@ -42,7 +45,6 @@ from ckptbench.formats.common import (
 )
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
-from ckptbench.runner.engine import FileJob, RankEngine, ThreadResult, now
 
 DCP_DIR = "dcp"
 
@@ -138,12 +140,19 @@ def _planners() -> tuple[Any, Any]:
             LoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False))
 
 
-class TorchDcpEngine(RankEngine):
-    """RankEngine's collective contract (save, restore, cache_keys) through DCP."""
+class TorchDcpFormat(FormatBase):
+    """The Format contract (save, restore, cache_keys) through DCP's own writer and reader."""
 
-    def __init__(self, plan: Plan, ranks: list[int], backend: Any, comm: Any, options: Any,
-                 progress: Any = None) -> None:
-        super().__init__(plan, ranks, backend, comm, options, progress)
+    name: ClassVar[str] = "torch-dcp"
+
+    @classmethod
+    def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
+        super().check(plan, ranks, codec)
+        check_plan(plan, ranks)
+
+    def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
+                 options: FormatOptions, progress: Any = None) -> None:
+        super().__init__(plan, ranks, backend, group, options, progress)
         self.torch = _import_torch()
         self._pg_ready = False
 
@@ -182,30 +191,30 @@ class TorchDcpEngine(RankEngine):
 
     def _process_group(self) -> None:
         """A gloo group over the run's processes (collective, once)."""
-        if self._pg_ready or self.comm.size == 1:
+        if self._pg_ready or self.group.size == 1:
             return
         import torch.distributed as dist
 
-        hosts = self.comm.gather(self.comm.host())
+        hosts = self.group.gather(self.group.host())
         store, address = None, None
-        if self.comm.rank == 0:
+        if self.group.rank == 0:
             assert hosts is not None
-            host = "127.0.0.1" if len(set(hosts)) == 1 else self.comm.host()
-            store = dist.TCPStore(host, 0, self.comm.size, is_master=True, wait_for_workers=False)
+            host = "127.0.0.1" if len(set(hosts)) == 1 else self.group.host()
+            store = dist.TCPStore(host, 0, self.group.size, is_master=True, wait_for_workers=False)
             address = (host, store.port)
-        address = self.comm.bcast(address)
+        address = self.group.bcast(address)
         if store is None:
-            store = dist.TCPStore(address[0], address[1], self.comm.size, is_master=False)
-        dist.init_process_group("gloo", store=store, rank=self.comm.rank,
-                                world_size=self.comm.size)
+            store = dist.TCPStore(address[0], address[1], self.group.size, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=self.group.rank,
+                                world_size=self.group.size)
         self._pg_ready = True
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         if not jobs:
             return []
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
-        keys = [f"{ckpt}/{DCP_DIR}/__{self.comm.rank}_{k}.distcp" for k in range(self.nthreads)]
-        return keys + ([f"{ckpt}/{DCP_DIR}/.metadata"] if self.comm.rank == 0 else [])
+        keys = [f"{ckpt}/{DCP_DIR}/__{self.group.rank}_{k}.distcp" for k in range(self.nthreads)]
+        return keys + ([f"{ckpt}/{DCP_DIR}/.metadata"] if self.group.rank == 0 else [])
 
     # --- tensors ---
     def _state_dict(self, tasks: list[ChunkTask], fill: bool) -> tuple[dict[str, Any], list[Any]]:
@@ -239,7 +248,7 @@ class TorchDcpEngine(RankEngine):
         planner, _ = _planners()
         res = ThreadResult()
         total = sum(t.nbytes for t in tasks)
-        self.comm.barrier()
+        self.group.barrier()
         t0 = now()
         try:
             with warnings.catch_warnings():  # object stores: the completed PUT is the sync
@@ -248,7 +257,7 @@ class TorchDcpEngine(RankEngine):
         except BaseException as exc:  # noqa: BLE001 - reported to the group
             res.error = exc
         t1 = now()
-        res.ops.append(("dcp_save", jobs[0].index, total, t0, t1, {"object": f"{DCP_DIR}/"}))
+        res.op("dcp_save", jobs[0].index, total, t0, t1, {"object": f"{DCP_DIR}/"})
         self.progress(total)
         digests: dict[int, list[int]] = {job.index: [0] * len(job.regions) for job in jobs}
         for t, _data, d in arrays:
@@ -261,8 +270,8 @@ class TorchDcpEngine(RankEngine):
                 ) -> tuple[list[ThreadResult], tuple[int, int]]:
         import torch.distributed.checkpoint as dcp
 
-        self.comm.barrier()
-        manifest, (t0, t1) = self.read_manifest(manifest_key, jobs, "torch-dcp")
+        self.group.barrier()
+        manifest, (t0, t1) = self.read_manifest(manifest_key, jobs)
         expected = manifest["files"]
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
         tasks = chunk_tasks(self.plan, jobs)
@@ -276,7 +285,7 @@ class TorchDcpEngine(RankEngine):
         except BaseException as exc:  # noqa: BLE001 - reported to the group
             res.error = exc
         b = now()
-        res.ops.append(("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"}))
+        res.op("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"})
         self.progress(total)
         if res.error is None:
             for t, data, _ in arrays:

@@ -3,7 +3,7 @@
 The engine only ever calls barrier, gather (to process 0) and bcast (from process 0),
 collectively and in the same order on every process, so a message can never be taken
 for another. Local processes implement it with multiprocessing (:class:`ProcessComm`);
-MPI ranks with mpi4py (:class:`ckptbench.runner.mpi.MPIComm`).
+MPI ranks with mpi4py (:class:`ckptbench.runner.launch_mpi.MPIComm`).
 
 Clocks: every timestamp a process reports is its ``perf_counter_ns`` plus
 :meth:`Comm.clock_offset_ns`, so records of all processes share process 0's time base.

@@ -1,7 +1,18 @@
 """The iteration loop every process runs collectively, and the records it leaves.
 
-Process 0 is the coordinator: it commits each checkpoint's manifest, writes the records,
-decides together with the others whether an iteration failed, and cleans up.
+Process 0 is the coordinator: it commits each checkpoint's manifest, sends the records to
+the sink, decides together with the others whether an iteration failed, and cleans up.
+
+save      the format writes (behind a barrier: the clock starts there) -> gather digests
+          and timed ops to process 0 -> process 0 commits the manifest atomically
+cache     each process evicts its files from caches; process 0 drops the host's page
+          cache where the backend can (or O_DIRECT made it moot)
+restore   the format reads the manifest, then every chunk, and checks every digest
+cleanup   process 0 deletes the checkpoint unless --keep
+
+Errors inside a phase are caught on each process and gathered, so the group always
+decides together: a failed iteration is removed (no manifest is ever left for it) and
+the run stops with the finished iterations' records kept.
 """
 
 from __future__ import annotations
@@ -11,33 +22,31 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend
-from ckptbench.errors import CkptbenchError, VerificationError
-from ckptbench.formats import engine_class
-from ckptbench.plan import Plan
-from ckptbench.records import ResultsWriter
-from ckptbench.runner.comm import Comm
-from ckptbench.runner.engine import (
+from ckptbench.errors import RunFailed, describe_error
+from ckptbench.formats import open_format
+from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
-    RunOptions,
     ThreadResult,
-    describe_error,
     file_jobs,
     first_error,
     manifest_files,
     now,
 )
+from ckptbench.plan import Plan
+from ckptbench.records import (
+    ErrorRecord,
+    OpRecord,
+    RankRecord,
+    Record,
+    RecordSink,
+    RestorePhaseRecord,
+    SavePhaseRecord,
+)
+from ckptbench.runner.comm import Comm
+from ckptbench.runner.options import RunOptions
 
 OP_KINDS = ("open", "write", "fsync", "close", "read")
-
-
-class RunFailed(CkptbenchError):
-    """An iteration failed on some process; the message says where and why."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.exit_code = 2 if kind == "backend" else 1
 
 
 def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> list[int]:
@@ -47,10 +56,11 @@ def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> lis
 
 def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
                     error: BaseException | None, backend_stats: dict[str, int]) -> dict[str, Any]:
+    """What one process sends to the coordinator after a phase (picklable)."""
     job_rank = {j.index: j.rank for j in jobs}
     offset = comm.clock_offset_ns()
-    ops = [(op, f, job_rank[f], t, n, a + offset, b + offset, *extra)
-           for t, r in enumerate(results) for op, f, n, a, b, *extra in r.ops]
+    ops = [(o.op, o.file, job_rank[o.file], t, o.nbytes, o.start_ns + offset,
+            o.end_ns + offset, o.extra) for t, r in enumerate(results) for o in r.ops]
     return {
         "ops": ops,
         "digests": {f: d for r in results for f, d in r.digests.items()},
@@ -62,48 +72,48 @@ def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm
 
 
 def _records(plan: Plan, iteration: int, phase: str,
-             gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    per_rank: dict[int, dict[str, Any]] = {}
+             gathered: list[dict[str, Any]]) -> list[Record]:
+    out: list[Record] = []
+    per_rank: dict[int, RankRecord] = {}
     for proc, payload in enumerate(gathered):
-        for op, f, rank, thread, n, a, b, *extra in payload["ops"]:
-            out.append({"type": "op", "iteration": iteration, "phase": phase, "rank": rank,
-                        "thread": thread, "op": op, "file": plan.file_paths[f], "bytes": n,
-                        "start_ns": a, "end_ns": b, **(extra[0] if extra else {})})
-            rec = per_rank.setdefault(rank, {
-                "type": "rank", "iteration": iteration, "phase": phase, "rank": rank,
-                "process": proc, "host": payload["host"], "bytes": 0, "start_ns": a,
-                "end_ns": b, "ops": 0, **{f"{k}_s": 0.0 for k in OP_KINDS}})
-            rec["bytes"] += n
-            rec["ops"] += 1
-            rec["start_ns"] = min(rec["start_ns"], a)
-            rec["end_ns"] = max(rec["end_ns"], b)
-            rec[f"{op}_s"] = rec.get(f"{op}_s", 0.0) + (b - a) / 1e9
-            if extra and "stored_bytes" in extra[0]:
-                rec["stored_bytes"] = rec.get("stored_bytes", 0) + extra[0]["stored_bytes"]
+        for op, f, rank, thread, n, a, b, extra in payload["ops"]:
+            out.append(OpRecord(iteration, phase, rank, thread, op, plan.file_paths[f], n, a, b,
+                                extra=extra))
+            rec = per_rank.get(rank)
+            if rec is None:
+                rec = per_rank[rank] = RankRecord(
+                    iteration, phase, rank, proc, payload["host"], start_ns=a, end_ns=b,
+                    seconds=dict.fromkeys(OP_KINDS, 0.0))
+            rec.bytes += n
+            rec.ops += 1
+            rec.start_ns = min(rec.start_ns, a)
+            rec.end_ns = max(rec.end_ns, b)
+            rec.seconds[op] = rec.seconds.get(op, 0.0) + (b - a) / 1e9
+            if extra and "stored_bytes" in extra:
+                rec.stored_bytes = (rec.stored_bytes or 0) + extra["stored_bytes"]
     for payload in gathered:  # backend counters (retries...) go to the process's first rank
         ranks_of_proc = sorted({op[2] for op in payload["ops"]})
         if ranks_of_proc and payload.get("backend_stats"):
-            per_rank[ranks_of_proc[0]]["backend"] = payload["backend_stats"]
+            per_rank[ranks_of_proc[0]].backend = payload["backend_stats"]
     out += [per_rank[r] for r in sorted(per_rank)]
     return out
 
 
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
-                   comm: Comm, options: RunOptions, writer: ResultsWriter | None,
+                   comm: Comm, options: RunOptions, sink: RecordSink | None,
                    progress: Callable[[int], None] | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails."""
-    engine = engine_class(options.format)(plan, my_ranks, backend, comm, options, progress)
+    fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
+                      progress)
     coordinator = comm.rank == 0
-    manifest_name = plan.manifest
     for it in range(1, options.iterations + 1):
         ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
-        manifest_key = f"{ckpt}/{manifest_name}"
+        manifest_key = f"{ckpt}/{plan.manifest}"
         jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
 
         # --- save ---
         try:
-            results = engine.save(jobs)
+            results = fmt.save(jobs)
             err = first_error(results)
         except BaseException as exc:  # noqa: BLE001 - decided together below
             results, err = [], exc
@@ -111,7 +121,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         decision: dict[str, Any] = {"ok": True}
         if coordinator:
             assert gathered is not None
-            decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, writer)
+            decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
         decision = comm.bcast(decision)
         if not decision["ok"]:
             raise RunFailed(decision["message"], decision["kind"])
@@ -119,14 +129,11 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         # --- cache ---
         method = "none"
         if options.restore and options.cache == "auto":
-            method = backend.drop_cache(engine.cache_keys(jobs))
+            method = backend.drop_cache(fmt.cache_keys(jobs))
         comm.barrier()
         dropped = False
-        if coordinator and options.restore and options.cache == "auto" \
-                and method == "fadvise" and "drop_caches" in backend.capabilities:
-            from ckptbench.backends.local import drop_page_cache
-
-            dropped = drop_page_cache()
+        if coordinator and options.restore and options.cache == "auto" and method == "fadvise":
+            dropped = backend.drop_host_caches()
         if comm.bcast(dropped):
             method = f"{method}+drop_caches"
         methods = comm.gather(method)
@@ -137,7 +144,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
             manifest_t: tuple[int, int] | None = None
             try:
-                rresults, manifest_t = engine.restore(rjobs, manifest_key)
+                rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:  # noqa: BLE001
                 rresults, rerr = [], exc
@@ -148,7 +155,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             rgathered = comm.gather(payload)
             if coordinator:
                 assert rgathered is not None and methods is not None
-                decision = _finish_restore(plan, it, rgathered, methods, options, writer)
+                decision = _finish_restore(plan, it, rgathered, methods, options, sink)
                 if not decision["ok"] and not options.keep:
                     backend.remove_tree(ckpt)
             decision = comm.bcast(decision)
@@ -159,20 +166,18 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         comm.barrier()
         if coordinator and not options.keep:
             backend.remove_tree(ckpt)
-    if coordinator and not options.keep:
-        backend.remove_tree(options.run_id)
 
 
 def _fail(gathered: list[dict[str, Any]]) -> tuple[str, str] | None:
     for payload in gathered:
         if payload["error"]:
-            return payload["error"]
+            return tuple(payload["error"])  # type: ignore[return-value]
     return None
 
 
 def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             options: RunOptions, gathered: list[dict[str, Any]],
-            writer: ResultsWriter | None) -> dict[str, Any]:
+            sink: RecordSink | None) -> dict[str, Any]:
     records = _records(plan, it, "save", gathered)
     failure = _fail(gathered)
     commit: tuple[int, int] | None = None
@@ -198,50 +203,44 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
         except BaseException as exc:  # noqa: BLE001
             failure = describe_error(exc)
     if commit:
-        records.append({"type": "op", "iteration": it, "phase": "save", "rank": 0, "thread": -1,
-                        "op": "commit", "file": manifest_key.rsplit("/", 1)[-1], "bytes": 0,
-                        "start_ns": commit[0], "end_ns": commit[1]})
-    records.append({"type": "phase", "iteration": it, "phase": "save", "ok": failure is None,
-                    "checkpoint": ckpt, "processes": len(gathered),
-                    "commit_ns": [commit[0], commit[1]] if commit else None})
+        records.append(OpRecord(it, "save", 0, -1, "commit", manifest_key.rsplit("/", 1)[-1], 0,
+                                commit[0], commit[1]))
+    records.append(SavePhaseRecord(it, failure is None, ckpt, len(gathered),
+                                   [commit[0], commit[1]] if commit else None))
     if failure is not None:
         backend.remove_tree(ckpt)
-        records.append({"type": "error", "iteration": it, "phase": "save", "kind": failure[0],
-                        "message": failure[1], "removed": ckpt})
-    if writer:
-        writer.write_all(records)
+        records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))
+    if sink:
+        sink.write_all(records)
     if failure is not None:
         return {"ok": False, "kind": failure[0], "message": failure[1]}
     return {"ok": True}
 
 
 def _finish_restore(plan: Plan, it: int, gathered: list[dict[str, Any]], methods: list[str],
-                    options: RunOptions, writer: ResultsWriter | None) -> dict[str, Any]:
+                    options: RunOptions, sink: RecordSink | None) -> dict[str, Any]:
     records = _records(plan, it, "restore", gathered)
     for proc, payload in enumerate(gathered):
         if "manifest" in payload:
             a, b = payload["manifest"]
-            records.append({"type": "op", "iteration": it, "phase": "restore", "rank": -1,
-                            "process": proc, "thread": -1, "op": "manifest", "file": plan.manifest,
-                            "bytes": 0, "start_ns": a, "end_ns": b})
+            records.append(OpRecord(it, "restore", -1, -1, "manifest", plan.manifest, 0, a, b,
+                                    process=proc))
     mismatches = [m for p in gathered for m in p["mismatches"]]
     failure = _fail(gathered)
     if failure is None and mismatches:
         failure = ("verification", mismatches[0] + (f" (and {len(mismatches) - 1} more chunks)"
                                                     if len(mismatches) > 1 else ""))
     unique_methods = sorted(set(methods))
-    records.append({"type": "phase", "iteration": it, "phase": "restore", "ok": failure is None,
-                    "cache": unique_methods[0] if len(unique_methods) == 1 else unique_methods,
-                    "verified": failure is None, "mismatched_chunks": len(mismatches),
-                    "restore_shift": options.restore_shift})
+    records.append(RestorePhaseRecord(
+        it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
+        failure is None, len(mismatches), options.restore_shift))
     if failure is not None:
-        records.append({"type": "error", "iteration": it, "phase": "restore", "kind": failure[0],
-                        "message": failure[1]})
-    if writer:
-        writer.write_all(records)
+        records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
+    if sink:
+        sink.write_all(records)
     if failure is not None:
         return {"ok": False, "kind": failure[0], "message": failure[1]}
     return {"ok": True}
 
 
-__all__ = ["RunFailed", "VerificationError", "run_iterations"]
+__all__ = ["RunFailed", "run_iterations"]

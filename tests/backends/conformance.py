@@ -24,10 +24,10 @@ from ckptbench.backends import Backend
 from ckptbench.backends.base import TARGET_MARKER
 from ckptbench.errors import BackendError
 from ckptbench.plan import build_plan
-from ckptbench.records import ResultsWriter
+from ckptbench.records import JsonlSink
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
-from ckptbench.runner.engine import RunOptions
+from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload
 
 from . import TINY
@@ -230,7 +230,7 @@ class BackendConformance:
                  **options: Any) -> list[dict[str, Any]]:
         plan = build_plan(load_workload(TINY))
         ranks = list(range(plan.world_size))
-        writer = ResultsWriter(tmp_path / f"r-{uuid.uuid4().hex[:6]}.jsonl")
+        writer = JsonlSink(tmp_path / f"r-{uuid.uuid4().hex[:6]}.jsonl")
         writer.open()
         opts = RunOptions(iterations=iterations, threads=2, run_id="run-conf",
                           block_size=MIB, prefill_bytes=8 * MIB, **options)

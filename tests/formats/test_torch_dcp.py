@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ckptbench.formats.base import file_jobs
 from ckptbench.formats.common import NP_DTYPES, chunk_bytes, chunk_tasks
 from ckptbench.payload import PayloadGenerator
 from ckptbench.plan import build_plan
-from ckptbench.runner.engine import file_jobs
 from ckptbench.spec import load_workload
 
 from .conftest import TINY, ckptbench, records

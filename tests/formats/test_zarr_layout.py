@@ -12,7 +12,7 @@ import pytest
 
 from ckptbench.errors import SpecError
 from ckptbench.formats.codecs import parse_codec
-from ckptbench.formats.zarr_format import MAX_SHARDS_PER_CHUNK, ZarrLayout
+from ckptbench.formats.zarr import MAX_SHARDS_PER_CHUNK, ZarrLayout
 from ckptbench.plan import Plan, build_plan
 from ckptbench.spec import load_workload, parse_workload
 

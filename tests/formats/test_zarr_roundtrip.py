@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from ckptbench.backends.local import LocalBackend
+from ckptbench.formats.base import file_jobs, manifest_files
 from ckptbench.formats.codecs import parse_codec
 from ckptbench.formats.common import NP_DTYPES, chunk_bytes, chunk_tasks
-from ckptbench.formats.zarr_format import ZarrEngine, ZarrLayout
+from ckptbench.formats.zarr import ZarrFormat, ZarrLayout
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan import build_plan
 from ckptbench.runner.comm import SingleComm
-from ckptbench.runner.engine import RunOptions, file_jobs, manifest_files
+from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload
 
 from .conftest import TINY, ckptbench, records, summaries, write_workload
@@ -100,12 +101,13 @@ def test_same_bytes_as_the_raw_format() -> None:
         assert data.tobytes() == buf[r.start:r.end].tobytes() and d == digest(buf[r.start:r.end])
 
 
-def engine_run(tmp_path: Path, codec: str = "none") -> tuple[ZarrEngine, list, str, str]:
+def engine_run(tmp_path: Path, codec: str = "none") -> tuple[ZarrFormat, list, str, str]:
     plan = build_plan(load_workload(TINY))
     backend = LocalBackend(str(tmp_path / "t"))
     backend.prepare()
     ranks = list(range(plan.world_size))  # one process holds every plan rank
-    engine = ZarrEngine(plan, ranks, backend, SingleComm(), RunOptions(format="zarr", codec=codec))
+    engine = ZarrFormat(plan, ranks, backend, SingleComm(),
+                        RunOptions(format="zarr", codec=codec).format_options())
     ckpt = "run/checkpoint-1"
     jobs = file_jobs(plan, ranks, ckpt, 1, 0)
     results = engine.save(jobs)

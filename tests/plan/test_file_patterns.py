@@ -18,10 +18,13 @@ import pytest
 from ckptbench.backends.base import Backend
 from ckptbench.backends.local import LocalBackend, apply_striping, striping_command
 from ckptbench.errors import BackendError, SpecError
+from ckptbench.formats.base import file_jobs, manifest_files
+from ckptbench.measure import measure
 from ckptbench.plan import build_plan
 from ckptbench.plan.files import SHARED_FILE_NAME, plan_layout, region_layout
-from ckptbench.runner import RunRequest, check_supported, execute, striping_record
-from ckptbench.runner.engine import RunOptions, file_jobs, manifest_files
+from ckptbench.runner import RunRequest
+from ckptbench.runner.options import RunOptions
+from ckptbench.runner.session import check_supported, striping_record
 from ckptbench.spec import Workload, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,17 +191,17 @@ def test_per_rank_round_trip_end_to_end(tmp_path):
 
 
 def test_a_corrupted_region_is_named_with_its_offset_in_the_shared_file(tmp_path):
-    from ckptbench.records import ResultsWriter
+    from ckptbench.formats.raw import RawFormat
+    from ckptbench.records import JsonlSink
     from ckptbench.runner.comm import SingleComm
     from ckptbench.runner.driver import run_iterations
-    from ckptbench.runner.engine import RankEngine
 
     w = tiny("shared", stripe_size=65536)
     w = replace(w, parallel=replace(w.parallel, world_size=2, tp=2))
     plan = build_plan(w)
     backend = LocalBackend(str(tmp_path / "t"))
     backend.prepare()
-    writer = ResultsWriter(tmp_path / "r.jsonl")
+    writer = JsonlSink(tmp_path / "r.jsonl")
     writer.open()
     run_iterations(plan, [0, 1], [0, 1], backend, SingleComm(),
                    RunOptions(keep=True, restore=False, run_id="x"), writer)
@@ -209,7 +212,7 @@ def test_a_corrupted_region_is_named_with_its_offset_in_the_shared_file(tmp_path
         byte = f.read(1)
         f.seek(base1 + 1000)
         f.write(bytes([byte[0] ^ 0xFF]))
-    engine = RankEngine(plan, [0, 1], backend, SingleComm(), RunOptions(run_id="x"))
+    engine = RawFormat(plan, [0, 1], backend, SingleComm(), RunOptions(run_id="x").format_options())
     results, _ = engine.restore(file_jobs(plan, [0, 1], "x/checkpoint-1", 1, 0),
                                 "x/checkpoint-1/.metadata")
     mismatches = [m for r in results for m in r.mismatches]
@@ -241,9 +244,9 @@ def test_shared_is_refused_for_an_object_store_in_one_line(tmp_path):
         "[checkpoint] files = 'shared' (one file written by all ranks) needs a file system "
         "target; s3://bucket/prefix is a s3 target; allowed there: dcp, per-rank, per-chunk")
     req = RunRequest(workload=plan.workload, plan=plan, ranks=[0, 1, 2, 3], backend=store,
-                     options=RunOptions(), results=tmp_path / "r.jsonl")
+                     options=RunOptions())
     with pytest.raises(BackendError):
-        execute(req)
+        measure(req, tmp_path / "r.jsonl")
     assert not (tmp_path / "r.jsonl").exists()
     check_supported(build_plan(tiny("per-rank")), store)  # N-N is fine on an object store
     assert striping_record(store, build_plan(tiny("shared", stripe_count=4)), "run")["reason"] \

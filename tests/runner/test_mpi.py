@@ -20,7 +20,8 @@ import pytest
 
 from ckptbench.errors import SpecError
 from ckptbench.plan import build_plan
-from ckptbench.runner.mpi import auto_restore_shift, choose_launcher, launched_size, split_ranks
+from ckptbench.runner.launch_mpi import choose_launcher, launched_size, split_ranks
+from ckptbench.runner.session import auto_restore_shift
 from ckptbench.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +47,10 @@ MPI_ENV = {
     # Containers often forbid the cross-memory attach the shared-memory transport uses.
     "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
 }
-# Die hook: plan rank 1 exits (status 9) after 2 MB of its 5.9 MB (1 MiB writes).
-DIE = {"CKPTBENCH_TEST_DIE_RANK": "1", "CKPTBENCH_TEST_DIE_AFTER_BYTES": "2000000"}
+FAULT_RUN = Path(__file__).resolve().parent / "fault_run.py"
+# Plan rank 1 (the writer of __1_*.distcp) exits (status 9) after 2 MB of its 5.9 MB
+# (1 MiB writes): a wrapper backend the test script passes in (tests/faults.py).
+DIE = ("--die-file", "/__1_", "--die-after", "2000000")
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None,
@@ -65,17 +68,20 @@ def run(cmd: list[str], env: dict[str, str] | None = None,
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - t0
 
 
-def mpirun(np: int, *args: str, env: dict[str, str] | None = None,
-           timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+def mpirun(np: int, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+           faults: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`mpirun -np N ckptbench run ARGS`; with `faults`, through tests/runner/fault_run.py."""
     assert MPIRUN is not None
     exported = [x for k in (env or {}) for x in ("-x", k)]
-    return run([MPIRUN, "-np", str(np), "--oversubscribe", *exported, sys.executable, "-m",
-                "ckptbench", "run", *args], env=env, timeout=timeout)
+    command = [str(FAULT_RUN), *faults, "--"] if faults else ["-m", "ckptbench", "run"]
+    return run([MPIRUN, "-np", str(np), "--oversubscribe", *exported, sys.executable,
+                *command, *args], env=env, timeout=timeout)
 
 
-def local(*args: str, env: dict[str, str] | None = None,
-          timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-    return run([sys.executable, "-m", "ckptbench", "run", *args], env=env, timeout=timeout)
+def local(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+          faults: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], float]:
+    command = [str(FAULT_RUN), *faults, "--"] if faults else ["-m", "ckptbench", "run"]
+    return run([sys.executable, *command, *args], env=env, timeout=timeout)
 
 
 def records(path: Path) -> list[dict]:
@@ -193,13 +199,13 @@ def test_fewer_processes_than_plan_ranks_run_contiguous_groups(tmp_path):
 
 @needs_mpi
 def test_several_nodes_shift_restores_to_another_node_and_measure_clocks(tmp_path):
-    # Two pretend nodes (test hook): a = MPI ranks 0, 1; b = 2, 3. N-1 shared file, O_DIRECT.
+    # Two pretend nodes (host names passed in by the test script): a = MPI ranks 0, 1; b = 2, 3. N-1 shared file, O_DIRECT.
     workload = tmp_path / "shared.toml"
     workload.write_text(TINY.read_text().replace(
         "[parallel]", '[checkpoint]\nfiles = "shared"\nstripe_size = 65536\n\n[parallel]'))
     results = tmp_path / "r.jsonl"
     r, _ = mpirun(4, str(workload), "--target", str(tmp_path / "t"), "--results", str(results),
-                  "--io", "direct", env={"CKPTBENCH_TEST_HOSTS": "a,a,b,b"})
+                  "--io", "direct", faults=("--hosts", "a,a,b,b"))
     assert r.returncode == 0, r.stderr
     recs = records(results)
     run = recs[0]
@@ -242,7 +248,7 @@ def test_more_processes_than_plan_ranks_is_one_line_from_rank_0(tmp_path):
 def test_a_rank_dying_mid_save_fails_the_mpi_run_quickly_without_a_manifest(tmp_path):
     target, results = tmp_path / "t", tmp_path / "r.jsonl"
     r, elapsed = mpirun(4, str(TINY), "--target", str(target), "--results", str(results),
-                        "--keep", "--block-size", "1MiB", env=DIE, timeout=90)
+                        "--keep", "--block-size", "1MiB", faults=DIE, timeout=90)
     assert r.returncode != 0
     assert elapsed < 60
     written = {p.name: p.stat().st_size for p in target.rglob("*") if p.is_file()}
@@ -255,7 +261,7 @@ def test_a_rank_dying_mid_save_fails_the_mpi_run_quickly_without_a_manifest(tmp_
 def test_a_rank_dying_mid_save_fails_the_local_run_without_hanging(tmp_path):
     target, results = tmp_path / "t", tmp_path / "r.jsonl"
     r, elapsed = local(str(TINY), "--target", str(target), "--results", str(results),
-                       "--keep", "--block-size", "1MiB", env=DIE, timeout=90)
+                       "--keep", "--block-size", "1MiB", faults=DIE, timeout=90)
     assert r.returncode != 0 and "ckptbench: error:" in r.stderr
     assert elapsed < 60
     assert not list(target.rglob(".metadata"))

@@ -14,10 +14,10 @@ import pytest
 
 from ckptbench.backends.local import LocalBackend
 from ckptbench.plan import build_plan
-from ckptbench.records import ResultsWriter, read_records
+from ckptbench.records import JsonlSink, read_records
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
-from ckptbench.runner.engine import RunOptions
+from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def _run_sabotaged(tmp_path, action: str) -> tuple[RunFailed, list[dict]]:
     backend = _Sabotage(str(tmp_path / "t"), {"io": "buffered"})
     backend.action = action
     backend.prepare()
-    writer = ResultsWriter(tmp_path / "r.jsonl")
+    writer = JsonlSink(tmp_path / "r.jsonl")
     writer.open()
     writer.write({"type": "run", "schema": "ckptbench.results/1"})
     opts = RunOptions(run_id=f"run-{uuid.uuid4().hex[:6]}", threads=1)

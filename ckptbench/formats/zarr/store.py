@@ -28,6 +28,8 @@ from zarr.abc.store import (
 )
 
 from ckptbench.errors import BackendError
+from ckptbench.formats.base import round_up
+from ckptbench.formats.pipeline import aligned_buffer
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -37,16 +39,10 @@ if TYPE_CHECKING:
 MAX_READ = 256 << 20  # bytes per readinto call (one preadv is capped near 2 GiB)
 
 
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 def _buffer(nbytes: int, alignment: int) -> np.ndarray:
     if alignment <= 1:
         return np.empty(max(nbytes, 1), dtype=np.uint8)
-    from ckptbench.runner.engine import _aligned_buffer
-
-    return _aligned_buffer(_round_up(max(nbytes, 1), alignment))
+    return aligned_buffer(round_up(max(nbytes, 1), alignment))
 
 
 class BackendStore(Store):
@@ -63,7 +59,7 @@ class BackendStore(Store):
         # loop in its own worker thread); else hand blocking I/O to asyncio.to_thread.
         self.inline = inline
         self.alignment = max(1, backend.alignment)
-        self.block = _round_up(block_size, self.alignment)
+        self.block = round_up(block_size, self.alignment)
         self.size_hints: dict[str, int] = {}
         self._read_bytes: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -138,7 +134,7 @@ class BackendStore(Store):
         if handle is None:
             return None
         try:
-            cap = _round_up(self.size_hints.get(key, 1 << 20) + self.alignment, self.alignment)
+            cap = round_up(self.size_hints.get(key, 1 << 20) + self.alignment, self.alignment)
             buf = _buffer(cap, self.alignment)
             off = 0
             while True:
@@ -158,7 +154,7 @@ class BackendStore(Store):
 
     def read_range(self, key: str, start: int, end: int) -> np.ndarray | None:
         a0 = start // self.alignment * self.alignment
-        a1 = _round_up(end, self.alignment)
+        a1 = round_up(end, self.alignment)
         handle = self._open_or_none(key)
         if handle is None:
             return None

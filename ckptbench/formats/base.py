@@ -1,0 +1,225 @@
+"""The seam between the runner and a checkpoint format.
+
+A format turns one process's share of a plan (its :class:`FileJob` list) into bytes on a
+backend and back. The runner owns everything around it: the iteration loop, the manifest
+commit, cache eviction, records and the decision whether an iteration failed. A format only
+needs the processes running the save together (a :class:`Group`: barrier, gather, bcast),
+which the runner's Comm satisfies structurally; formats never import the runner.
+
+Contract of every format (the :class:`Format` protocol):
+
+* ``save(jobs)``: make the first payload ready, call ``group.barrier()`` (the clock starts
+  there for every process), write every job durably, return per-thread results (timed ops,
+  each chunk's digest, the first error);
+* ``restore(jobs, manifest_key)``: ``group.barrier()``, read the manifest (timed: it is the
+  restore's first step), read every job back and check each chunk against its digest;
+* ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from ckptbench.backends import Backend
+from ckptbench.errors import SpecError, VerificationError
+from ckptbench.formats.codecs import CodecSpec
+from ckptbench.payload import PayloadGenerator, Region, stream_key
+from ckptbench.plan import Plan
+from ckptbench.plan.files import RegionLayout, plan_layout
+
+MANIFEST_SCHEMA = "ckptbench.manifest/1"
+now = time.perf_counter_ns
+
+
+class Group(Protocol):
+    """The processes saving one checkpoint together (rank 0 coordinates)."""
+
+    rank: int
+    size: int
+
+    def barrier(self) -> None: ...
+
+    def gather(self, obj: Any) -> list[Any] | None: ...
+
+    def bcast(self, obj: Any) -> Any: ...
+
+    def host(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    """What a format needs of the run's options (per plan rank)."""
+
+    threads: int = 1
+    block_size: int = 8 << 20
+    payload: str = "random"
+    seed: int = 0
+    prefill_bytes: int = 64 << 20  # payload generated before the clock starts
+    codec: str = "none"
+
+
+@dataclass
+class FileJob:
+    """One file of the plan (or one rank's region of a shared file), as a process writes
+    or reads it."""
+
+    index: int  # file index in the plan
+    rank: int  # plan rank that writes it
+    key: str  # backend key (checkpoint dir + file path)
+    size: int
+    regions: list[Region]  # chunks, relative to `offset`
+    base: int  # payload stream key
+    offset: int = 0  # where the job's bytes start in the file
+    file_size: int = 0  # size of the whole file when several ranks share it, else 0
+
+    @property
+    def name(self) -> str:
+        """The job's entry in the manifest: the key, or key#rank for a shared file."""
+        return f"{self.key}#{self.rank}" if self.file_size else self.key
+
+
+@dataclass(frozen=True)
+class TimedOp:
+    """One timed call of a format: op, plan file index, bytes, start/end (ns), extra fields
+    for its record (e.g. stored_bytes, object)."""
+
+    op: str
+    file: int
+    nbytes: int
+    start_ns: int
+    end_ns: int
+    extra: dict[str, Any] | None = None
+
+
+@dataclass
+class ThreadResult:
+    """What one I/O thread of a format did in one phase."""
+
+    ops: list[TimedOp] = field(default_factory=list)
+    digests: dict[int, list[int]] = field(default_factory=dict)  # file index -> chunk digests
+    mismatches: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def op(self, op: str, file: int, nbytes: int, start_ns: int, end_ns: int,
+           extra: dict[str, Any] | None = None) -> None:
+        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra))
+
+
+def first_error(results: list[ThreadResult]) -> BaseException | None:
+    return next((r.error for r in results if r.error is not None), None)
+
+
+class Format(Protocol):
+    """What the runner asks of a format (see the module docstring)."""
+
+    name: ClassVar[str]
+
+    def save(self, jobs: list[FileJob]) -> list[ThreadResult]: ...
+
+    def restore(self, jobs: list[FileJob], manifest_key: str
+                ) -> tuple[list[ThreadResult], tuple[int, int]]: ...
+
+    def cache_keys(self, jobs: list[FileJob]) -> list[str]: ...
+
+
+def round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class FormatBase:
+    """What every format derives from the same inputs: the payload generator, the block
+    size rounded to the backend's alignment, threads and prefill per process."""
+
+    name: ClassVar[str] = "?"
+
+    def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
+                 options: FormatOptions, progress: Any = None) -> None:
+        self.plan = plan
+        self.ranks = ranks
+        self.backend = backend
+        self.group = group
+        self.o = options
+        self.progress = progress or (lambda n: None)
+        self.gen = PayloadGenerator(options.payload, options.seed)
+        self.align = max(backend.alignment, 1)
+        self.block = round_up(options.block_size, max(self.align, 8))
+        # threads and prefill are per plan rank: a process running a group of plan ranks
+        # (MPI with fewer processes than ranks) gets each rank's share.
+        self.nthreads = max(1, options.threads) * max(1, len(ranks))
+        prefill = options.prefill_bytes * max(1, len(ranks))
+        self.share = prefill // self.nthreads  # payload bytes per thread made before the clock
+        self.nbuf = max(2, self.share // self.block)
+
+    @classmethod
+    def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
+        """Refuse, in one line before anything runs, a plan or codec this format cannot
+        write. By default: uncompressed bytes only."""
+        if codec != CodecSpec():
+            raise SpecError(f"--codec {codec.name!r} needs --format zarr (--format {cls.name} "
+                            "writes uncompressed bytes); allowed here: --codec none")
+
+    def cache_keys(self, jobs: list[FileJob]) -> list[str]:
+        """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
+        return [j.key for j in jobs]
+
+    def read_manifest(self, manifest_key: str, jobs: list[FileJob]
+                      ) -> tuple[dict[str, Any], tuple[int, int]]:
+        """Read the commit manifest, timed (it is the restore's first step), and check it
+        covers `jobs` and was written in this format; refuse an uncommitted checkpoint."""
+        t0 = now()
+        try:
+            manifest = json.loads(self.backend.get(manifest_key))
+        except FileNotFoundError:
+            raise VerificationError(
+                f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
+            ) from None
+        t1 = now()
+        written = manifest.get("format", "raw")
+        if written != self.name:
+            raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")
+        for job in jobs:
+            if job.name not in manifest["files"]:
+                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
+        return manifest, (t0, t1)
+
+
+def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, seed: int,
+              layout: RegionLayout | None = None) -> list[FileJob]:
+    """The jobs of plan ranks `ranks` for one checkpoint (plan order)."""
+    layout = layout or plan_layout(plan)
+    jobs = []
+    for r in ranks:
+        for f in plan.files_of_rank(r):
+            path = plan.file_paths[f]
+            regions = [Region(c.file_offset, c.file_offset + c.nbytes, c.key, c.dtype)
+                       for c in plan.iter_chunks(f) if c.nbytes]
+            jobs.append(FileJob(f, r, f"{checkpoint}/{path}",
+                                int(plan.file_bytes[f]), regions,
+                                stream_key(seed, f, iteration), int(layout.base[f]),
+                                layout.shared_size.get(path, 0)))
+    return jobs
+
+
+def manifest_files(plan: Plan, checkpoint: str, digests: dict[int, list[int]],
+                   layout: RegionLayout | None = None) -> dict[str, Any]:
+    """The manifest's "files": one entry per file, or per rank's region of a shared file
+    (named key#rank, with the path, the offset and the whole file's size)."""
+    layout = layout or plan_layout(plan)
+    out: dict[str, Any] = {}
+    for f, d in sorted(digests.items()):
+        path, rank = plan.file_paths[f], int(plan.file_rank[f])
+        key = f"{checkpoint}/{path}"
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "size": int(plan.file_bytes[f]),
+            "chunks": [[c.key, c.file_offset, c.nbytes] for c in plan.iter_chunks(f) if c.nbytes],
+            "digests": d,
+        }
+        if layout.is_shared(path):
+            entry.update(path=key, offset=int(layout.base[f]), file_size=layout.shared_size[path])
+            key = f"{key}#{rank}"
+        out[key] = entry
+    return out

@@ -1,0 +1,257 @@
+"""The ``raw`` format (default): the plan's files written byte for byte as planned.
+
+Per I/O thread a producer generates payload into a ring of aligned buffers (off the
+clock: the first buffers are filled before the barrier) and a writer times every
+open/write/fsync/close. Restore mirrors it: a reader fills the ring, a verifier checks
+each chunk's digest. Shared files (N-1) are created by process 0 before the barrier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ckptbench.errors import VerificationError
+from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
+from ckptbench.payload import ChunkHasher, Region
+
+
+def by_size(job: FileJob) -> int:
+    return job.size
+
+
+class RawFormat(FormatBase):
+    """One process's share of a raw save or restore."""
+
+    name: ClassVar[str] = "raw"
+    _held: list[BufferRing] | None = None  # buffers kept until off the clock
+
+    def buffers_for(self, jobs: list[FileJob]) -> int:
+        """Payload buffers for one writer thread. When the thread's whole payload fits its
+        share of the prefill, a buffer per block: a small file's only block still takes a
+        buffer, but only its bytes are touched and none is reused, so counting buffers
+        instead (share // block) would leave payload to be made on the clock. Otherwise
+        share // block buffers (at least 2), reused, which bounds the memory."""
+        blocks = max(1, sum(-(-j.size // self.block) for j in jobs))
+        if sum(j.size for j in jobs) <= self.share:
+            return blocks
+        return min(blocks, self.nbuf)
+
+    # --- save ---
+    def _produce(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
+        try:
+            for j, job in enumerate(jobs):
+                hasher = ChunkHasher(job.regions)
+                if job.size == 0:
+                    ring.put((j, 0, None, 0, 0))
+                for off in range(0, job.size, self.block):
+                    i = ring.take_free()
+                    if i is None:
+                        return
+                    n = min(self.block, job.size - off)
+                    padded = round_up(n, self.align)
+                    buf = ring.buffers[i]
+                    self.gen.fill(job.base, job.regions, off, buf[:round_up(n, 8)])
+                    hasher.update(off, buf[:n])
+                    ring.put((j, off, i, n, padded))
+                res.digests[job.index] = hasher.digests()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            res.error = exc
+            ring.stop()
+        finally:
+            ring.primed.set()
+            ring.put(None)
+
+    def _write(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
+        handle: Any = None
+        current = -1
+
+        def finish() -> None:
+            t0 = now()
+            handle.sync()
+            t1 = now()
+            handle.close()
+            t2 = now()
+            res.op("fsync", jobs[current].index, 0, t0, t1)
+            res.op("close", jobs[current].index, 0, t1, t2)
+
+        try:
+            while True:
+                item = ring.take()
+                if item is None:
+                    break
+                j, _off, i, n, padded = item
+                if j != current:
+                    if handle is not None:
+                        finish()
+                    current = j
+                    job = jobs[j]
+                    t0 = now()
+                    if job.file_size:
+                        handle = self.backend.open_write_region(
+                            job.key, job.offset, job.size, job.file_size)
+                    else:
+                        handle = self.backend.open_write(job.key, job.size)
+                    res.op("open", job.index, 0, t0, now())
+                if i is None:
+                    continue
+                view = memoryview(ring.buffers[i])[:padded]  # type: ignore[arg-type]
+                t0 = now()
+                handle.write(view)
+                t1 = now()
+                res.op("write", jobs[j].index, n, t0, t1)
+                ring.give_back(i)
+                self.progress(n)
+            if handle is not None and res.error is None:
+                finish()
+                handle = None
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = res.error or exc
+            ring.stop()
+            if handle is not None:
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    handle.abort()
+
+    def _create_shared(self, jobs: list[FileJob]) -> BaseException | None:
+        """Process 0 creates the shared files before anyone opens them (off the clock)."""
+        if self.group.rank != 0:
+            return None
+        try:
+            for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
+                self.backend.create_shared(key, size)
+        except BaseException as exc:  # noqa: BLE001 - raised after the barrier all take
+            return exc
+        return None
+
+    def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
+        self._held = None  # the last phase's buffers, freed here, before the clock
+        groups = assign_threads(jobs, self.nthreads, by_size)
+        rings = [BufferRing(self.buffers_for(g), self.block) for g in groups]
+        results = [ThreadResult() for _ in groups]
+        producers = [threading.Thread(target=self._produce, args=(r, g, res), daemon=True)
+                     for r, g, res in zip(rings, groups, results, strict=True)]
+        for t in producers:
+            t.start()
+        for r in rings:  # payload for the first buffers is ready before the clock starts
+            r.primed.wait()
+        create_error = self._create_shared(jobs)
+        self.group.barrier()
+        if create_error is not None:
+            for r in rings:
+                r.stop()
+            for t in producers:
+                t.join()
+            raise create_error
+        writers = [threading.Thread(target=self._write, args=(r, g, res), daemon=True)
+                   for r, g, res in zip(rings, groups, results, strict=True)]
+        for t in writers:
+            t.start()
+        for t in writers + producers:
+            t.join()
+        # Unmapping a large prefill takes long: it happens after the commit, off the clock.
+        self._held = rings
+        return results
+
+    # --- restore ---
+    def _read(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
+        try:
+            for j, job in enumerate(jobs):
+                t0 = now()
+                handle = self.backend.open_read(job.key)
+                res.op("open", job.index, 0, t0, now())
+                try:
+                    off = 0
+                    while off < job.size:
+                        i = ring.take_free()
+                        if i is None:
+                            return
+                        want = min(self.block, job.size - off)
+                        view = memoryview(ring.buffers[i])[:round_up(want, self.align)]  # type: ignore[arg-type]
+                        t0 = now()
+                        got = handle.readinto(job.offset + off, view)
+                        t1 = now()
+                        res.op("read", job.index, min(got, want), t0, t1)
+                        if got < want:
+                            raise VerificationError(
+                                f"{job.key}: short read at offset {off + got} (file has "
+                                f"{off + got} of {job.size} bytes)")
+                        ring.put((j, off, i, want))
+                        self.progress(want)
+                        off += want
+                finally:
+                    t0 = now()
+                    handle.close()
+                    res.op("close", job.index, 0, t0, now())
+        except BaseException as exc:  # noqa: BLE001 - reported to the group
+            res.error = exc
+            ring.stop()
+        finally:
+            ring.put(None)
+
+    def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
+                res: ThreadResult) -> None:
+        hashers: dict[int, ChunkHasher] = {}
+        try:
+            while True:
+                item = ring.take()
+                if item is None:
+                    break
+                j, off, i, n = item
+                h = hashers.setdefault(j, ChunkHasher(jobs[j].regions))
+                h.update(off, ring.buffers[i][:n])
+                ring.give_back(i)
+            for j, job in enumerate(jobs):
+                if res.error is not None:
+                    break
+                h = hashers.get(j) or ChunkHasher(job.regions)
+                want = expected[job.name]["digests"]
+                for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
+                    if got_d != want_d:
+                        res.mismatches.append(self._locate(job, region))
+        except BaseException as exc:  # noqa: BLE001
+            res.error = res.error or exc
+            ring.stop()
+
+    def _locate(self, job: FileJob, region: Region) -> str:
+        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock)."""
+        n = region.end - region.start
+        expected = self.gen.expected(job.base, region)
+        start = region.start // self.align * self.align
+        buf = aligned_buffer(round_up(region.end - start, self.align) + self.align)
+        handle = self.backend.open_read(job.key)
+        try:
+            got = handle.readinto(job.offset + start, memoryview(buf)[:round_up(region.end - start, self.align)])  # type: ignore[arg-type]
+        finally:
+            handle.close()
+        data = buf[region.start - start:region.start - start + n]
+        differ = np.flatnonzero(data[:max(0, got - (region.start - start))] != expected[:got])
+        first = int(differ[0]) if len(differ) else min(n, max(0, got - (region.start - start)))
+        return (f"chunk {region.key} in {job.key}: bytes differ from offset "
+                f"{job.offset + region.start + first} (chunk byte {first} of {n})")
+
+    def restore(self, jobs: list[FileJob], manifest_key: str
+                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+        # Buffers are allocated and their pages faulted in before the clock starts.
+        self._held = None
+        groups = assign_threads(jobs, self.nthreads, by_size)
+        rings = [BufferRing(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
+        for r in rings:
+            r.touch()
+        self.group.barrier()
+        manifest, span = self.read_manifest(manifest_key, jobs)
+        expected = manifest["files"]
+        results = [ThreadResult() for _ in groups]
+        threads = []
+        for r, g, res in zip(rings, groups, results, strict=True):
+            threads.append(threading.Thread(target=self._read, args=(r, g, res), daemon=True))
+            threads.append(threading.Thread(target=self._verify, args=(r, g, expected, res),
+                                            daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results, span

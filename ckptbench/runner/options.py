@@ -1,0 +1,55 @@
+"""What a run is asked to do: the options every process shares, and the whole request."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckptbench.backends import Backend
+from ckptbench.formats.base import FormatOptions
+from ckptbench.plan import Plan
+from ckptbench.spec import Workload
+
+
+def new_run_id() -> str:
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    iterations: int = 1
+    threads: int = 1
+    block_size: int = 8 << 20
+    payload: str = "random"
+    seed: int = 0
+    keep: bool = False
+    restore: bool = True
+    prefill_bytes: int = 64 << 20  # per process: generated before the clock starts
+    cache: str = "auto"  # auto: evict after save; none: leave caches alone
+    run_id: str = "run"
+    restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
+    format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
+    codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format_options(self) -> FormatOptions:
+        return FormatOptions(threads=self.threads, block_size=self.block_size,
+                             payload=self.payload, seed=self.seed,
+                             prefill_bytes=self.prefill_bytes, codec=self.codec)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    workload: Workload  # as written in the workload file (full size)
+    plan: Plan  # of the workload as run (after --scale)
+    ranks: list[int]
+    backend: Backend
+    options: RunOptions
+    scale: int = 1
+    # options.restore_shift was not given: 0 locally and on one node, the plan ranks per
+    # node under MPI on several nodes (so no node reads back what it wrote).
+    restore_shift_auto: bool = False

@@ -1,0 +1,50 @@
+"""`ckptbench run` with faults injected through the library's seams (tests only).
+
+    python tests/runner/fault_run.py [--die-file SUBSTRING --die-after BYTES]
+                                     [--hosts a,a,b,b] -- RUN ARGS...
+
+--die-file: the process writing a key containing SUBSTRING exits (status 9) once it has
+written BYTES of such keys. --hosts: under MPI, a host name per MPI rank instead of the
+real one (multi-node paths on one machine). Both wrap what the CLI would build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ckptbench.cli import main, run_cmd  # noqa: E402
+from tests.faults import DyingBackend  # noqa: E402
+
+
+def install(die_file: str | None, die_after: int, hosts: list[str] | None) -> None:
+    if die_file:
+        open_backend = run_cmd.open_backend
+
+        def dying(*args: Any, **kwargs: Any) -> Any:
+            return DyingBackend(open_backend(*args, **kwargs), lambda k: die_file in k, die_after)
+
+        run_cmd.open_backend = dying  # type: ignore[assignment]
+    if hosts:
+        from ckptbench.runner import launch_mpi
+
+        def launcher(choice: str = "auto") -> Any:
+            return launch_mpi.MPILauncher(launch_mpi.MPIComm(hosts=hosts))
+
+        run_cmd.open_launcher = launcher  # type: ignore[assignment]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--die-file")
+    ap.add_argument("--die-after", type=int, default=1)
+    ap.add_argument("--hosts")
+    ap.add_argument("run_args", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    install(a.die_file, a.die_after, a.hosts.split(",") if a.hosts else None)
+    args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
+    sys.exit(main(["run", *args]))

@@ -1,0 +1,112 @@
+"""The package's layout follows the data flow: a module imports only the steps before it
+(or its own step), and no modules import each other in a cycle.
+
+workload -> plan -> payload -> backend I/O -> formats -> records -> runner -> report ->
+cadence -> measure -> cli. Every import counts, at the top of a module or inside a
+function (imports done lazily are still dependencies).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ckptbench"
+
+# Steps of the data flow, first to last; a module's step is its longest matching prefix.
+LAYERS: list[tuple[str, ...]] = [
+    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact"),
+    ("ckptbench.models", "ckptbench.spec"),
+    ("ckptbench.plan",),
+    ("ckptbench.payload",),
+    ("ckptbench.backends",),
+    ("ckptbench.formats",),
+    ("ckptbench.records",),
+    ("ckptbench.runner",),
+    ("ckptbench.report",),
+    ("ckptbench.jobmodel", "ckptbench.cadence"),
+    ("ckptbench.measure",),
+    ("ckptbench.testing",),
+    ("ckptbench.cli", "ckptbench.__main__"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def layer(module: str) -> int:
+    best, found = -1, -1
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, found = len(name), i
+    assert found >= 0, f"{module}: in no layer of the data flow (add it to LAYERS)"
+    return found
+
+
+def imports(module: str) -> set[str]:
+    """Package modules `module` imports (a name imported from a package counts as the
+    submodule when it is one)."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("ckptbench")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            if not base.startswith("ckptbench"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in MODULES else base)
+    return {m for m in out if m in MODULES and m != module}
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_later_step(module: str) -> None:
+    later = sorted(t for t in GRAPH[module] if layer(t) > layer(module))
+    assert not later, f"{module} (step {layer(module)}) imports later steps: {later}"
+
+
+def test_no_import_cycle() -> None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(GRAPH[m]):
+            if state.get(t) == 1:
+                cycle = stack[stack.index(t):] + [t]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_the_walk_sees_imports() -> None:
+    """The checker itself: it must find known edges, or the tests above prove nothing."""
+    assert "ckptbench.formats.base" in GRAPH["ckptbench.formats.raw"]
+    assert "ckptbench.runner.driver" in GRAPH["ckptbench.runner.launch_local"]
+    assert layer("ckptbench.cli.run_cmd") > layer("ckptbench.runner.session") > layer("ckptbench.plan.core")
