@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptbench.backends import Backend
@@ -28,6 +29,7 @@ from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
     ThreadResult,
+    TimedOp,
     file_jobs,
     first_error,
     manifest_files,
@@ -54,47 +56,65 @@ def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> lis
     return [all_ranks[(pos[r] + shift) % len(all_ranks)] for r in my_ranks]
 
 
-def _thread_payload(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
-                    error: BaseException | None, backend_stats: dict[str, int]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RankOp:
+    """A format's timed op, on process 0's clock, with the plan rank and thread it was for."""
+
+    op: TimedOp
+    rank: int
+    thread: int
+
+
+@dataclass
+class PhaseReport:
     """What one process sends to the coordinator after a phase (picklable)."""
+
+    ops: list[RankOp]
+    digests: dict[int, list[int]]
+    mismatches: list[str]
+    error: tuple[str, str] | None
+    host: str
+    backend_stats: dict[str, int]
+    manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
+
+
+def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
+            error: BaseException | None, backend_stats: dict[str, int]) -> PhaseReport:
     job_rank = {j.index: j.rank for j in jobs}
     offset = comm.clock_offset_ns()
-    ops = [(o.op, o.file, job_rank[o.file], t, o.nbytes, o.start_ns + offset,
-            o.end_ns + offset, o.extra) for t, r in enumerate(results) for o in r.ops]
-    return {
-        "ops": ops,
-        "digests": {f: d for r in results for f, d in r.digests.items()},
-        "mismatches": [m for r in results for m in r.mismatches],
-        "error": describe_error(error) if error else None,
-        "host": comm.host(),
-        "backend_stats": backend_stats,
-    }
+    ops = [RankOp(replace(o, start_ns=o.start_ns + offset, end_ns=o.end_ns + offset),
+                  job_rank[o.file], t) for t, r in enumerate(results) for o in r.ops]
+    return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
+                       [m for r in results for m in r.mismatches],
+                       describe_error(error) if error else None, comm.host(), backend_stats)
 
 
 def _records(plan: Plan, iteration: int, phase: str,
-             gathered: list[dict[str, Any]]) -> list[Record]:
+             gathered: list[PhaseReport]) -> list[Record]:
     out: list[Record] = []
     per_rank: dict[int, RankRecord] = {}
-    for proc, payload in enumerate(gathered):
-        for op, f, rank, thread, n, a, b, extra in payload["ops"]:
-            out.append(OpRecord(iteration, phase, rank, thread, op, plan.file_paths[f], n, a, b,
-                                extra=extra))
-            rec = per_rank.get(rank)
+    for proc, report in enumerate(gathered):
+        for rop in report.ops:
+            o = rop.op
+            a, b = o.start_ns, o.end_ns
+            out.append(OpRecord(iteration, phase, rop.rank, rop.thread, o.op,
+                                plan.file_paths[o.file], o.nbytes, a, b, extra=o.extra))
+            rec = per_rank.get(rop.rank)
             if rec is None:
-                rec = per_rank[rank] = RankRecord(
-                    iteration, phase, rank, proc, payload["host"], start_ns=a, end_ns=b,
+                rec = per_rank[rop.rank] = RankRecord(
+                    iteration, phase, rop.rank, proc, report.host, start_ns=a, end_ns=b,
                     seconds=dict.fromkeys(OP_KINDS, 0.0))
-            rec.bytes += n
+            rec.bytes += o.nbytes
             rec.ops += 1
             rec.start_ns = min(rec.start_ns, a)
             rec.end_ns = max(rec.end_ns, b)
-            rec.seconds[op] = rec.seconds.get(op, 0.0) + (b - a) / 1e9
-            if extra and "stored_bytes" in extra:
-                rec.stored_bytes = (rec.stored_bytes or 0) + extra["stored_bytes"]
-    for payload in gathered:  # backend counters (retries...) go to the process's first rank
-        ranks_of_proc = sorted({op[2] for op in payload["ops"]})
-        if ranks_of_proc and payload.get("backend_stats"):
-            per_rank[ranks_of_proc[0]].backend = payload["backend_stats"]
+            rec.seconds[o.op] = rec.seconds.get(o.op, 0.0) + (b - a) / 1e9
+            if o.extra and "stored_bytes" in o.extra:
+                rec.stored_bytes = (rec.stored_bytes or 0) + o.extra["stored_bytes"]
+    for report in gathered:  # backend counters (retries...) go to the process's first rank
+        ranks_of_proc = sorted({rop.rank for rop in report.ops})
+        if ranks_of_proc and report.backend_stats:
+            per_rank[ranks_of_proc[0]].backend = report.backend_stats
     out += [per_rank[r] for r in sorted(per_rank)]
     return out
 
@@ -117,7 +137,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             err = first_error(results)
         except BaseException as exc:  # noqa: BLE001 - decided together below
             results, err = [], exc
-        gathered = comm.gather(_thread_payload(results, jobs, comm, err, backend.stats()))
+        gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
         decision: dict[str, Any] = {"ok": True}
         if coordinator:
             assert gathered is not None
@@ -148,11 +168,11 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 rerr = first_error(rresults)
             except BaseException as exc:  # noqa: BLE001
                 rresults, rerr = [], exc
-            payload = _thread_payload(rresults, rjobs, comm, rerr, backend.stats())
+            mine = _report(rresults, rjobs, comm, rerr, backend.stats())
             if manifest_t is not None:
                 off = comm.clock_offset_ns()
-                payload["manifest"] = (manifest_t[0] + off, manifest_t[1] + off)
-            rgathered = comm.gather(payload)
+                mine.manifest = (manifest_t[0] + off, manifest_t[1] + off)
+            rgathered = comm.gather(mine)
             if coordinator:
                 assert rgathered is not None and methods is not None
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink)
@@ -168,23 +188,20 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             backend.remove_tree(ckpt)
 
 
-def _fail(gathered: list[dict[str, Any]]) -> tuple[str, str] | None:
-    for payload in gathered:
-        if payload["error"]:
-            return tuple(payload["error"])  # type: ignore[return-value]
-    return None
+def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
+    return next((r.error for r in gathered if r.error), None)
 
 
 def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
-            options: RunOptions, gathered: list[dict[str, Any]],
+            options: RunOptions, gathered: list[PhaseReport],
             sink: RecordSink | None) -> dict[str, Any]:
     records = _records(plan, it, "save", gathered)
     failure = _fail(gathered)
     commit: tuple[int, int] | None = None
     if failure is None:
         digests: dict[int, list[int]] = {}
-        for payload in gathered:
-            digests.update(payload["digests"])
+        for report in gathered:
+            digests.update(report.digests)
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "run_id": options.run_id,
@@ -217,15 +234,15 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
     return {"ok": True}
 
 
-def _finish_restore(plan: Plan, it: int, gathered: list[dict[str, Any]], methods: list[str],
+def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],
                     options: RunOptions, sink: RecordSink | None) -> dict[str, Any]:
     records = _records(plan, it, "restore", gathered)
-    for proc, payload in enumerate(gathered):
-        if "manifest" in payload:
-            a, b = payload["manifest"]
+    for proc, report in enumerate(gathered):
+        if report.manifest is not None:
+            a, b = report.manifest
             records.append(OpRecord(it, "restore", -1, -1, "manifest", plan.manifest, 0, a, b,
                                     process=proc))
-    mismatches = [m for p in gathered for m in p["mismatches"]]
+    mismatches = [m for r in gathered for m in r.mismatches]
     failure = _fail(gathered)
     if failure is None and mismatches:
         failure = ("verification", mismatches[0] + (f" (and {len(mismatches) - 1} more chunks)"
