@@ -40,7 +40,7 @@ def backend_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def build_backend_options(target: str, threads: int, cli: dict[str, Any]) -> dict[str, Any]:
     """The options dict for the backend of `target`, from the parsed CLI values."""
-    from ckptbench.cli.run_cmd import parse_size
+    from ckptbench.units import parse_size
 
     scheme = scheme_of(target)
     if scheme == "file":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,12 @@ from rich.table import Table
 from ckptbench import report as report_mod
 from ckptbench.backends import open_backend
 from ckptbench.cli.backend_options import backend_options, build_backend_options
-from ckptbench.errors import SpecError
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
 from ckptbench.runner import RunOptions, RunRequest, execute, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str, option: str) -> int:
-    """'8MiB', '4M', '1048576' -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise SpecError(f"{option} {text!r} is not a size (allowed: e.g. 4MiB, 512KiB, 1048576)")
-    unit = (m.group(2) or "").lower()[:1]
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise SpecError(f"{option} {text!r} must be > 0")
-    return value
+from ckptbench.units import parse_size
 
 
 def _gbps(x: float | None) -> str:
@@ -117,7 +101,8 @@ def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:
 @click.option("--block-size", default="8MiB", show_default=True, help="Bytes per write/read call.")
 @click.option("--payload", type=click.Choice(MODES), default="random", show_default=True,
               help="random: incompressible; realistic: values shaped like trained weights/moments.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Payload seed (0 or more): the same seed writes the same bytes.")
 @click.option("--prefill", default="64MiB", show_default=True,
               help="Payload generated per rank before the clock starts (bounds memory).")
 @click.option("--keep", is_flag=True, help="Keep the checkpoints written (default: delete them).")
