@@ -19,8 +19,8 @@ from rich.progress import (
 from rich.table import Table
 
 from ckptbench import report as report_mod
-from ckptbench.backends import open_backend
-from ckptbench.cli.backend_options import backend_options, build_backend_options
+from ckptbench.backends import IOHints, open_backend
+from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
@@ -128,19 +128,22 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
-                **backend_cli: Any) -> None:
+                **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+    backend_flags = typed_backend_flags(click.get_current_context())
+    options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     launch = open_launcher(launcher)
     with launch.quiet_unless_root():  # under MPI only rank 0 prints
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
-             seed, prefill, keep, no_restore, cache, restore_shift, results, as_json, backend_cli,
-             fmt=fmt, codec=codec)
+             seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
+             backend_flags, fmt=fmt, codec=codec)
 
 
 def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
-         as_json: bool, backend_cli: dict[str, Any], fmt: str = "raw", codec: str = "none") -> None:
+         as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
+         codec: str = "none") -> None:
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -154,7 +157,10 @@ def _run(launch: Any, workload: str, target: str, iterations: int, scale: int, r
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
     )
-    backend = open_backend(target, build_backend_options(target, options.threads, backend_cli))
+    ck = run_workload.checkpoint
+    hints = IOHints(block_size=options.block_size, threads=options.threads,
+                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
+    backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)
     total = per_iter * iterations * (1 if no_restore else 2)

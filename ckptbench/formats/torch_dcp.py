@@ -156,7 +156,7 @@ class TorchDcpEngine(RankEngine):
         url = f"{self.backend.target.rstrip('/')}/{ckpt}/{DCP_DIR}"
         opts: dict[str, Any] = {}
         if url.startswith("s3://"):
-            endpoint = (self.backend.options.get("endpoint_url")
+            endpoint = (self.backend.endpoint_url
                         or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
             if endpoint:
                 opts["client_kwargs"] = {"endpoint_url": endpoint}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ckptbench.backends import Backend
-from ckptbench.errors import BackendError, CkptbenchError
+from ckptbench.errors import CkptbenchError
 from ckptbench.plan import Plan
 from ckptbench.plan.export import summary as plan_summary
 from ckptbench.plan.files import plan_layout
@@ -107,20 +107,15 @@ def striping_record(backend: Backend, plan: Plan, run_id: str) -> dict[str, Any]
     base = {"stripe_size": ck.stripe_size, "stripe_count": ck.stripe_count, "applied": False}
     if ck.stripe_count == 0:
         return {**base, "reason": "not requested ([checkpoint] stripe_count = 0)"}
-    setter = getattr(backend, "set_striping", None)
-    if setter is None:
-        return {**base, "reason": f"not available for the {backend.name} backend"}
-    return cast(dict[str, Any], setter(run_id, ck.stripe_size, ck.stripe_count))
+    return {**base, **backend.set_striping(run_id, ck.stripe_size, ck.stripe_count)}
 
 
-def check_supported(plan: Plan, backend: Backend) -> None:
-    """Refuse, in one line, a file pattern the backend cannot write."""
-    files = plan.workload.checkpoint.files
-    if files == "shared" and "shared-file" not in backend.capabilities:
-        raise BackendError(
-            f"[checkpoint] files = 'shared' (one file written by all ranks) needs a file "
-            f"system target; {backend.target} is a {backend.name} target; allowed there: "
-            "dcp, per-rank, per-chunk")
+def check_supported(plan: Plan, backend: Backend, restore: bool = False,
+                    processes: int = 1) -> None:
+    """Refuse, in one line, a run the backend cannot serve (file pattern, restores,
+    processes), before anything is created."""
+    backend.check_run(shared_file=plan.workload.checkpoint.files == "shared", restore=restore,
+                      processes=processes)
 
 
 def execute(req: RunRequest, on_progress: Callable[[int], None] | None = None,
@@ -133,7 +128,8 @@ def execute(req: RunRequest, on_progress: Callable[[int], None] | None = None,
     file are known to be usable.
     """
     launch = launch or Launch()
-    check_supported(req.plan, req.backend)
+    processes = len(req.ranks) if launch.comm is None else min(launch.comm.size, len(req.ranks))
+    check_supported(req.plan, req.backend, req.options.restore, processes)
     backend = with_test_hooks(req.backend, req.plan)
     if launch.kind == "mpi":
         from ckptbench.runner.mpi import MPIComm, run_mpi
@@ -222,7 +218,7 @@ class _DyingBackend:
         return _DieAfterBytes(handle, self._budget) if self._path(key) in self._paths else handle
 
     def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> Any:
-        handle = self._inner.open_write_region(key, offset, size, file_size)  # type: ignore[attr-defined]
+        handle = self._inner.open_write_region(key, offset, size, file_size)
         mine = (self._path(key), offset) in self._regions
         return _DieAfterBytes(handle, self._budget) if mine else handle
 

@@ -122,11 +122,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             method = backend.drop_cache(engine.cache_keys(jobs))
         comm.barrier()
         dropped = False
-        if coordinator and options.restore and options.cache == "auto" \
-                and method == "fadvise" and "drop_caches" in backend.capabilities:
-            from ckptbench.backends.local import drop_page_cache
-
-            dropped = drop_page_cache()
+        if coordinator and options.restore and options.cache == "auto" and method == "fadvise":
+            dropped = backend.drop_host_caches()
         if comm.bcast(dropped):
             method = f"{method}+drop_caches"
         methods = comm.gather(method)

@@ -25,11 +25,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any
 
 import numpy as np
 
-from ckptbench.backends import Backend, WriteHandle
+from ckptbench.backends import Backend
 from ckptbench.errors import BackendError, CkptbenchError, VerificationError
 from ckptbench.payload import ChunkHasher, PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
@@ -58,15 +58,6 @@ class RunOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class SharedFileBackend(Protocol):
-    """What a backend offers for one file written by several ranks (N-1)."""
-
-    def create_shared(self, key: str, size: int) -> None: ...
-
-    def open_write_region(self, key: str, offset: int, size: int,
-                          file_size: int) -> WriteHandle: ...
 
 
 @dataclass
@@ -282,7 +273,7 @@ class RankEngine:
                     job = jobs[j]
                     t0 = now()
                     if job.file_size:
-                        handle = cast(SharedFileBackend, self.backend).open_write_region(
+                        handle = self.backend.open_write_region(
                             job.key, job.offset, job.size, job.file_size)
                     else:
                         handle = self.backend.open_write(job.key, job.size)
@@ -322,7 +313,7 @@ class RankEngine:
         if self.comm.rank == 0:  # shared files exist before anyone opens them (off the clock)
             try:
                 for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
-                    cast(SharedFileBackend, self.backend).create_shared(key, size)
+                    self.backend.create_shared(key, size)
             except BaseException as exc:  # noqa: BLE001 - raised after the barrier all take
                 create_error = exc
         self.comm.barrier()
