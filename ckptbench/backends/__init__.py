@@ -21,6 +21,7 @@ OTHER = "*"  # any scheme not listed
 BACKENDS: dict[str, str] = {
     "file": "ckptbench.backends.local:LocalBackend",
     "s3": "ckptbench.backends.s3:S3Backend",
+    "null": "ckptbench.backends.null:NullBackend",
     OTHER: "ckptbench.backends.fsspec_backend:FsspecBackend",
 }
 
