@@ -22,6 +22,7 @@ BACKENDS: dict[str, str] = {
     "file": "ckptbench.backends.local:LocalBackend",
     "s3": "ckptbench.backends.s3:S3Backend",
     "null": "ckptbench.backends.null:NullBackend",
+    "memory": "ckptbench.backends.memory:MemoryBackend",
     OTHER: "ckptbench.backends.fsspec_backend:FsspecBackend",
 }
 

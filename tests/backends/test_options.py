@@ -20,7 +20,8 @@ from . import TINY
 
 MIB = 1 << 20
 # One target per registered scheme (a new backend adds its line here).
-TARGETS = {"file": "DIR", "s3": "s3://bucket/x", "null": "null://", OTHER: "gcs://bucket/x"}
+TARGETS = {"file": "DIR", "s3": "s3://bucket/x", "null": "null://", "memory": "memory://t",
+           OTHER: "gcs://bucket/x"}
 
 
 def target_for(scheme: str, tmp_path: Path) -> str:
