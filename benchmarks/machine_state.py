@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ckptbench.cli.run_cmd import parse_size
+from ckptbench.units import parse_size
 
 GIB = 1 << 30
 # Free page reporting (virtio-balloon's, for one) hands free blocks of at least this order

@@ -57,10 +57,10 @@ from benchmarks.machine_state import (  # noqa: E402
     turns,
     warm_size,
 )
-from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
+from ckptbench.units import parse_size  # noqa: E402
 
 
 def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> str:

@@ -79,8 +79,8 @@ from benchmarks.machine_state import (  # noqa: E402
     turns,
     warm_size,
 )
-from ckptbench.cli.run_cmd import parse_size  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
+from ckptbench.units import parse_size  # noqa: E402
 
 MIB = 1 << 20
 WARP_AVG = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Average:\s*([\d.]+)\s*"

@@ -14,7 +14,8 @@ Record types (``type``):
 * ``summary``: added by the report step (statistics are not this module's business).
 
 Clocks are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC): comparable between processes of
-one host. Records never carry credentials: options pass through :func:`redact`.
+one host. Records never carry credentials: every record passes through
+:func:`ckptbench.redact.redact` (the rule the backends' descriptions use too).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import socket
 import sys
 import time
@@ -33,20 +33,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ckptbench import __version__
+from ckptbench.redact import redact
 
 SCHEMA = "ckptbench.results/1"
-_SECRET = re.compile(r"secret|password|token|credential|access_key|session", re.IGNORECASE)
 PACKAGES = ("numpy", "fsspec", "zarr", "numcodecs", "boto3", "botocore", "xxhash", "mpi4py",
             "torch", "s3fs")
-
-
-def redact(value: Any) -> Any:
-    """Drop values whose key names a secret, recursively."""
-    if isinstance(value, dict):
-        return {k: ("<redacted>" if _SECRET.search(str(k)) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
 
 
 def _cpu_model() -> str:

@@ -8,13 +8,9 @@ import math
 import pytest
 
 import ckptbench.cli as cli_module
-from ckptbench.cli.cadence_cmd import (
-    cadence_command,
-    parse_duration,
-    parse_fraction,
-    parse_size,
-)
+from ckptbench.cli.cadence_cmd import cadence_command
 from ckptbench.errors import SpecError
+from ckptbench.units import parse_duration, parse_fraction, parse_rate, parse_size
 
 DALY = ["--save-seconds", "5min", "--restore-seconds", "10min"]
 
@@ -154,6 +150,8 @@ def test_help_cites_the_presets(run) -> None:
     [
         (["--save-seconds", "0", "--restore-seconds", "1", "--mtbf", "2"], "--save-seconds must be > 0"),
         (["--save-seconds", "-3", "--restore-seconds", "1", "--mtbf", "2"], "--save-seconds must be > 0"),
+        (["--save-seconds", "inf", "--restore-seconds", "1", "--mtbf", "2"],
+         "--save-seconds 'inf': inf is not allowed"),
         (["--save-seconds", "3", "--restore-seconds", "0s", "--mtbf", "2"], "--restore-seconds must be > 0"),
         ([*DALY, "--mtbf", "0"], "--mtbf must be > 0"),
         ([*DALY, "--mtbf", "3 fortnights"], "--mtbf"),
@@ -207,18 +205,18 @@ def test_parse_duration(text: str, unit: str, seconds: float) -> None:
 
 def test_parse_duration_infinity_only_where_allowed() -> None:
     assert parse_duration("inf", "--mtbf", "h", allow_inf=True) == math.inf
-    with pytest.raises(SpecError, match="--save-seconds must be > 0"):
+    with pytest.raises(SpecError, match="--save-seconds 'inf': inf is not allowed"):
         parse_duration("inf", "--save-seconds", "s")
 
 
 def test_parse_size_and_fraction() -> None:
-    assert parse_size("5.2TB", "--x") == 5.2e12
-    assert parse_size("800GiB", "--x") == 800 * 2**30
-    assert parse_size("3", "--x") == 3e9  # a bare number is GB
-    assert parse_size("2TB/s", "--x", per_second=True) == 2e12
-    assert parse_size("2.5", "--x", per_second=True) == 2.5e9
+    assert parse_size("5.2TB", "--x", default_unit="GB") == 5.2e12
+    assert parse_size("800GiB", "--x", default_unit="GB") == 800 * 2**30
+    assert parse_size("3", "--x", default_unit="GB") == 3e9  # a bare number is GB
+    assert parse_rate("2TB/s", "--x") == 2e12
+    assert parse_rate("2.5", "--x") == 2.5e9
     with pytest.raises(SpecError, match="unknown unit"):
-        parse_size("2 furlongs", "--x")
+        parse_size("2 furlongs", "--x", default_unit="GB")
     assert parse_fraction("95%", "--x") == pytest.approx(0.95)
     assert parse_fraction("0.9", "--x") == 0.9
     for bad in ("95", "0", "1", "abc", "100%"):

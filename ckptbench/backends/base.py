@@ -2,6 +2,8 @@
 
 Keys are '/'-separated paths relative to the target. A backend never times itself or
 prints: the runner owns the clock and wraps each call (open, write, sync, close, read).
+Optional operations (shared files, striping, cache eviction) are methods here with a
+default that says "not here", so the runner never asks which backend it holds.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 from ckptbench import __version__
+from ckptbench.backends.options import BackendOptions, IOHints
 from ckptbench.errors import BackendError
+from ckptbench.redact import redact
 
 TARGET_MARKER = ".ckptbench-target"
 
@@ -45,18 +50,61 @@ class ReadHandle(ABC):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a run may rely on beyond the abstract methods; checked once, before a run
+    creates anything (:meth:`Backend.check_run`)."""
+
+    shared_file: bool = False  # one file written by several ranks (create_shared, regions)
+    restore: bool = True  # reads return what was written (the null backend keeps nothing)
+    multi_process: bool = True  # what one process writes, the others can read
+
+
+SHARED_FILE_TARGETS = "a directory on a local or parallel file system (a path or file://)"
+
+
 class Backend(ABC):
-    """A storage system reached through one target (a directory, a bucket prefix, a URL)."""
+    """A storage system reached through one target (a directory, a bucket prefix, a URL).
+
+    Subclasses set `name`, `Options` (their typed options) and `capabilities`, and get
+    their options and the runner's I/O hints at construction.
+    """
 
     name: ClassVar[str]
-    # What the runner may rely on: "direct" (O_DIRECT), "fadvise", "drop_caches", ...
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    capabilities: ClassVar[Capabilities] = Capabilities()
     # Buffers handed to write/readinto must be aligned to this many bytes (direct I/O).
     alignment: int = 1
 
-    def __init__(self, target: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, target: str, options: BackendOptions | None = None,
+                 hints: IOHints | None = None) -> None:
         self.target = target
-        self.options = dict(options or {})
+        if options is None:
+            options = self.Options()
+        if not isinstance(options, self.Options):
+            raise BackendError(f"{self.name} backend: options of type {type(options).__name__}; "
+                               f"allowed: {self.Options.__name__}")
+        self.options = options
+        self.hints = hints or IOHints()
+
+    # --- what a run needs ---
+    def check_run(self, shared_file: bool, restore: bool, processes: int) -> None:
+        """Refuse, in one line, a run this backend cannot serve: a shared (N-1) file,
+        restores from a backend that keeps nothing, several processes on one that keeps
+        its bytes in one process."""
+        caps = self.capabilities
+        if shared_file and not caps.shared_file:
+            raise BackendError(
+                f"[checkpoint] files = 'shared' (one file written by all ranks) needs a file "
+                f"system target; {self.target} is a {self.name} target; allowed there: "
+                "dcp, per-rank, per-chunk")
+        if restore and not caps.restore:
+            raise BackendError(f"target {self.target}: the {self.name} backend keeps nothing to "
+                               "restore; allowed: --no-restore (saves only)")
+        if processes > 1 and not caps.multi_process:
+            raise BackendError(f"target {self.target}: the {self.name} backend keeps its bytes in "
+                               f"one process and this run has {processes}; allowed: one rank "
+                               "(--ranks N), or one MPI process")
 
     # --- the target ---
     @abstractmethod
@@ -91,40 +139,55 @@ class Backend(ABC):
     def remove_tree(self, prefix: str) -> None:
         """Delete everything under `prefix` (a checkpoint ckptbench wrote)."""
 
-    # TEMPORARY shim until the backends branch lands (same API)
-    def check_run(self, shared_file: bool, restore: bool, processes: int) -> None:
-        if shared_file and "shared-file" not in self.capabilities:
-            raise BackendError(
-                f"[checkpoint] files = 'shared' (one file written by all ranks) needs a file "
-                f"system target; {self.target} is a {self.name} target; allowed there: "
-                "dcp, per-rank, per-chunk")
-
+    # --- one file, several writers (N-1): backends with capabilities.shared_file ---
     def create_shared(self, key: str, size: int) -> None:
-        raise BackendError("unsupported")
+        """Create the shared file `key` (once, by the coordinator, before the clock)."""
+        raise self._unsupported("one file written by several ranks")
 
     def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> WriteHandle:
-        raise BackendError("unsupported")
+        """Write `size` bytes at `offset` of the shared file `key` (of `file_size` bytes)."""
+        raise self._unsupported("one file written by several ranks")
+
+    def _unsupported(self, what: str) -> BackendError:
+        return BackendError(f"{what} is not supported by the {self.name} backend (target "
+                            f"{self.target}); allowed: {SHARED_FILE_TARGETS}")
 
     def set_striping(self, prefix: str, stripe_size: int, stripe_count: int) -> dict[str, Any]:
+        """Set the stripe layout of the files made under `prefix` where the storage has one;
+        say what was applied, or why not (recorded in the run record)."""
+        del prefix, stripe_size, stripe_count
         return {"applied": False, "reason": f"not available for the {self.name} backend"}
 
-    def drop_host_caches(self) -> bool:
-        return False
-
+    # --- caches ---
     def drop_cache(self, keys: list[str]) -> str:
-        """Keep restores from reading what the save left in a cache; say how."""
+        """Keep restores of `keys` from reading what this process's save left in a cache
+        (each process, for its own files); say how ('none' when nothing applies)."""
         return "none"
 
+    def drop_host_caches(self) -> bool:
+        """Drop the whole host's caches where permitted (one process per host); say if it
+        worked. Only meaningful after drop_cache said 'fadvise'."""
+        return False
+
+    # --- what is recorded ---
     def stats(self) -> dict[str, int]:
         """Counters since the last call (e.g. retried requests), then reset; recorded per rank."""
         return {}
 
-    def describe(self) -> dict[str, Any]:
-        """What the results file should record about this target (never secrets)."""
-        return {"backend": self.name, "target": self.target, "options": self.public_options()}
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint another client (s3fs under torch DCP) should use for this target;
+        None: that client's own configuration."""
+        return None
 
-    def public_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.options.items() if "secret" not in k and "key" not in k}
+    def describe(self) -> dict[str, Any]:
+        """What the results file records about this target, through redact (never secrets)."""
+        return cast(dict[str, Any], redact({"backend": self.name, "target": self.target,
+                                            "options": self.options.to_dict(), **self.details()}))
+
+    def details(self) -> dict[str, Any]:
+        """Backend-specific facts for describe() (file system, endpoint, versions...)."""
+        return {}
 
 
 def marker_bytes() -> bytes:

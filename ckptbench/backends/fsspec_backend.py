@@ -12,19 +12,31 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
+from ckptbench.backends.options import BackendOptions, IOHints, option
 from ckptbench.errors import BackendError
 
 # Flat key spaces: no directories to make (and s3fs's makedirs may create a bucket).
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "gcsfs", "az", "abfs", "abfss", "adl", "oss",
                  "r2", "ocilake", "oci", "tos", "tosfs", "boxfs", "dropbox", "http", "https"}
 S3_LIKE = {"s3", "s3a"}
-_SECRETISH = re.compile(r"key|secret|token|password|credential|session|sas|auth", re.IGNORECASE)
 DEFAULT_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FsspecOptions(BackendOptions):
+    endpoint_url: str | None = field(default=None, metadata=option(
+        "--endpoint-url", "Endpoint of an s3-like file system (s3a:// through s3fs)."))
+    block_size: int = field(default=DEFAULT_BLOCK, metadata=option(
+        "--part-size", "Write (upload part) and read block size of the fsspec file.",
+        minimum=1, size=True))
+    # Passed to the file system as it is (library callers); credentials are redacted.
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _protocols(fs: Any) -> set[str]:
@@ -115,18 +127,20 @@ class _FsspecReader(ReadHandle):
 
 class FsspecBackend(Backend):
     name = "fsspec"
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    Options: ClassVar[type[FsspecOptions]] = FsspecOptions
+    options: FsspecOptions
 
-    def __init__(self, target: str, options: dict[str, Any] | None = None) -> None:
-        super().__init__(target, options)
+    def __init__(self, target: str, options: FsspecOptions | None = None,
+                 hints: IOHints | None = None) -> None:
+        super().__init__(target, options, hints)
         import fsspec
 
         o = self.options
-        self.block_size = int(o.get("block_size") or DEFAULT_BLOCK)
-        storage: dict[str, Any] = dict(o.get("storage_options") or {})
+        self.block_size = o.block_size
+        storage: dict[str, Any] = dict(o.storage_options)
         scheme = target.split("://", 1)[0]
-        if o.get("endpoint_url") and scheme in S3_LIKE:
-            storage.setdefault("endpoint_url", o["endpoint_url"])
+        if o.endpoint_url and scheme in S3_LIKE:
+            storage.setdefault("endpoint_url", o.endpoint_url)
         # Caches off: a new instance (not a cached one) and no directory-listing cache.
         storage.update(skip_instance_cache=True, use_listings_cache=False)
         try:
@@ -267,17 +281,14 @@ class FsspecBackend(Backend):
         evict_from_page_cache(self.fs._strip_protocol(self._path(key)) for key in keys)
         return "fadvise"
 
-    def public_options(self) -> dict[str, Any]:
-        out = super().public_options()
-        if "storage_options" in out:  # s3fs spells credentials key=, secret=, token=
-            out["storage_options"] = {k: v for k, v in out["storage_options"].items()
-                                      if not _SECRETISH.search(k)}
-        return out
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.options.endpoint_url
 
-    def describe(self) -> dict[str, Any]:
+    def details(self) -> dict[str, Any]:
         import fsspec
 
-        return {**super().describe(), "filesystem": f"{type(self.fs).__module__}."
+        return {"filesystem": f"{type(self.fs).__module__}."
                 f"{type(self.fs).__name__}", "protocol": sorted(self.protocols),
                 "root": self.root, "fsspec": fsspec.__version__,
                 "caches": {"instance": False, "listings": False,

@@ -24,21 +24,31 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
+    Capabilities,
     ReadHandle,
     WriteHandle,
     foreign_target_error,
     marker_bytes,
 )
+from ckptbench.backends.options import BackendOptions, IOHints, option
 from ckptbench.errors import BackendError
 
 IO_MODES = ("buffered", "direct")
 DIRECT_ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    io: str = field(default="buffered", metadata=option(
+        "--io", "Files: buffered + fsync (what frameworks do) or O_DIRECT (device ceiling).",
+        choices=IO_MODES))
 
 
 def os_error(path: str | Path, exc: OSError) -> BackendError:
@@ -150,16 +160,16 @@ def _fsync_dir(path: Path) -> None:
 
 class LocalBackend(Backend):
     name = "local"
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"direct", "fadvise", "drop_caches", "shared-file", "striping"})
+    Options: ClassVar[type[LocalOptions]] = LocalOptions
+    capabilities: ClassVar[Capabilities] = Capabilities(shared_file=True)
+    options: LocalOptions
 
-    def __init__(self, target: str, options: dict[str, Any] | None = None) -> None:
-        super().__init__(target, options)
+    def __init__(self, target: str, options: LocalOptions | None = None,
+                 hints: IOHints | None = None) -> None:
+        super().__init__(target, options, hints)
         path = target[len("file://"):] if target.startswith("file://") else target
         self.root = Path(path).absolute()
-        self.io = self.options.setdefault("io", "buffered")
-        if self.io not in IO_MODES:
-            raise BackendError(f"--io {self.io!r} is not allowed; allowed: {', '.join(IO_MODES)}")
+        self.io = self.options.io
         self.direct = self.io == "direct"
         self.alignment = DIRECT_ALIGN if self.direct else 1
         self.created_root = False
@@ -288,8 +298,8 @@ class LocalBackend(Backend):
     def drop_host_caches(self) -> bool:
         return drop_page_cache()
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "path": str(self.root), **filesystem_info(self.root)}
+    def details(self) -> dict[str, Any]:
+        return {"path": str(self.root), **filesystem_info(self.root)}
 
 
 def evict_from_page_cache(paths: Iterable[str | Path]) -> None:

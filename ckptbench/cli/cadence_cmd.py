@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -14,76 +13,7 @@ import click
 from ckptbench import cadence
 from ckptbench.errors import SpecError
 from ckptbench.spec import load_workload
-
-_DURATION_UNITS = {
-    "ms": 1e-3,
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
-    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
-    **dict.fromkeys(("d", "day", "days"), 86400.0),
-}
-_UNIT_NAMES = {"s": "seconds", "min": "minutes", "h": "hours"}
-_SIZE_UNITS = {
-    "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
-    "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30, "tib": 2.0**40, "pib": 2.0**50,
-}
-_NUMBER = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?|inf)\s*([a-z/]*)\s*$", re.IGNORECASE)
-
-
-def _split(text: str, option: str, what: str) -> tuple[float, str]:
-    match = _NUMBER.match(text)
-    if not match:
-        raise SpecError(f"{option} {text!r} is not {what}")
-    return float(match.group(1)), match.group(2).lower()
-
-
-def parse_duration(text: str, option: str, default_unit: str, allow_inf: bool = False) -> float:
-    """Seconds from '51', '51s', '3.1h', '30min', '1d' (a bare number is in default_unit)."""
-    units = ", ".join(("ms", "s", "min", "h", "d"))
-    value, unit = _split(text, option, f"a duration like 51s, 30min or 3.1h (units: {units})")
-    if (unit or default_unit) not in _DURATION_UNITS:
-        raise SpecError(f"{option} {text!r}: unknown unit {unit!r}; allowed: {units}")
-    if value <= 0 or (math.isinf(value) and not allow_inf):
-        no_failures = "; inf: no failures" if allow_inf else ""
-        raise SpecError(
-            f"{option} must be > 0 (a bare number is in {_UNIT_NAMES[default_unit]}{no_failures})"
-        )
-    return value * _DURATION_UNITS[unit or default_unit]
-
-
-def parse_size(text: str, option: str, per_second: bool = False) -> float:
-    """Bytes (or bytes/s) from '5.2TB', '800GiB', '2TB/s'; a bare number is GB (GB/s)."""
-    shape = "a bandwidth like 2.5GB/s" if per_second else "a size like 5.2TB"
-    value, unit = _split(text, option, shape)
-    if per_second:
-        unit = unit.removesuffix("/s").removesuffix("ps")
-    if (unit or "gb") not in _SIZE_UNITS:
-        raise SpecError(f"{option} {text!r}: unknown unit; allowed: B, KB, MB, GB, TB, PB, KiB ... PiB")
-    if value <= 0 or math.isinf(value):
-        raise SpecError(f"{option} must be > 0 and finite ({'GB/s' if per_second else 'GB'} by default)")
-    return value * _SIZE_UNITS[unit or "gb"]
-
-
-def parse_fraction(text: str, option: str) -> float:
-    """'0.95' or '95%'."""
-    body = text.strip()
-    percent = body.endswith("%")
-    try:
-        value = float(body.removesuffix("%")) / (100.0 if percent else 1.0)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value < 1.0:
-        raise SpecError(f"{option} {text!r} must be in (0, 1) or a percentage like 95%")
-    return value
-
-
-def _human_duration(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "never"
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.3g} s"
+from ckptbench.units import format_duration, parse_duration, parse_fraction, parse_rate, parse_size
 
 
 def _jsonable(value: Any) -> Any:
@@ -126,7 +56,7 @@ def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | 
     if workload_path and size:
         raise SpecError("give either --workload or --checkpoint-size, not both")
     if size:
-        return parse_size(size, "--checkpoint-size"), None
+        return parse_size(size, "--checkpoint-size", default_unit="GB"), None
     if workload_path:
         workload = load_workload(workload_path)
         return float(cadence.workload_checkpoint_bytes(workload)), workload
@@ -193,7 +123,7 @@ def cadence_command(results: Path | None, workload_path: str | None,
     checkpoint_bytes, workload = _target_bytes(workload_path, checkpoint_size)
     if gpus is None and workload is not None:
         gpus = workload.parallel.world_size
-    ceiling = parse_size(aggregate_bandwidth, "--aggregate-bandwidth", per_second=True) \
+    ceiling = parse_rate(aggregate_bandwidth, "--aggregate-bandwidth") \
         if aggregate_bandwidth else None
 
     scaled = None
@@ -290,7 +220,7 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     if not console.is_terminal:  # pipes and files: do not squeeze the table into 80 columns
         console.width = max(console.width, 100)
     cost = report.cost
-    mtbf_text = "infinite" if math.isinf(report.mtbf_s) else _human_duration(report.mtbf_s)
+    mtbf_text = "infinite" if math.isinf(report.mtbf_s) else format_duration(report.mtbf_s)
     console.print(f"MTBF {mtbf_text} ({model.source});"
                   f" {report.failures_per_day:.3g} failures/day")
     line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
@@ -311,7 +241,7 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     for p in report.points:
         row = [
             p.label + (" *" if p is report.recommended else ""),
-            _human_duration(p.interval_s),
+            format_duration(p.interval_s),
             f"{100 * p.goodput:.2f} %",
             f"{100 * p.save_fraction:.2f} %",
             f"{100 * p.failure_fraction:.2f} %",
@@ -326,8 +256,8 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
         console.print("* no failures: any interval works, each save costs only its own time")
     else:
         floor = f" (raised to the floor: {report.floor_reason})" if best is not report.exact else ""
-        console.print(f"* checkpoint every {_human_duration(best.interval_s)}{floor};"
-                      f" a failure costs {_human_duration(best.loss_per_failure_s)} on average")
+        console.print(f"* checkpoint every {format_duration(best.interval_s)}{floor};"
+                      f" a failure costs {format_duration(best.loss_per_failure_s)} on average")
     goal = f"{100 * inverse['goodput']:.3g} % goodput"
     at = f" at {inverse['gpus']} GPUs" if inverse["gpus"] else ""
     if inverse["max_save_s"] is None:
@@ -366,11 +296,11 @@ def _plot(path: Path, report: cadence.CadenceReport) -> None:
     for p, style in ((report.recommended, "r*"), (report.current, "ko")):
         if p is not None and math.isfinite(p.interval_s):
             ax.plot(p.interval_s / 60, 100 * p.goodput, style, markersize=11,
-                    label=f"{p.label}: {_human_duration(p.interval_s)}, {100 * p.goodput:.1f} %")
+                    label=f"{p.label}: {format_duration(p.interval_s)}, {100 * p.goodput:.1f} %")
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (minutes)")
     ax.set_ylabel("goodput (%)")
-    ax.set_title(f"MTBF {_human_duration(report.mtbf_s)}, save {report.cost.save_s:.3g} s,"
+    ax.set_title(f"MTBF {format_duration(report.mtbf_s)}, save {report.cost.save_s:.3g} s,"
                  f" restore {report.cost.effective_restore_s:.3g} s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,30 +21,16 @@ from rich.progress import (
 from rich.table import Table
 
 from ckptbench import report as report_mod
-from ckptbench.backends import open_backend
-from ckptbench.cli.backend_options import backend_options, build_backend_options
-from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.backends import IOHints, open_backend
+from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
+from ckptbench.errors import CkptbenchError
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str, option: str) -> int:
-    """'8MiB', '4M', '1048576' -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise SpecError(f"{option} {text!r} is not a size (allowed: e.g. 4MiB, 512KiB, 1048576)")
-    unit = (m.group(2) or "").lower()[:1]
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise SpecError(f"{option} {text!r} must be > 0")
-    return value
+from ckptbench.units import parse_size
 
 
 def _gbps(x: float | None) -> str:
@@ -134,7 +119,8 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 @click.option("--block-size", default="8MiB", show_default=True, help="Bytes per write/read call.")
 @click.option("--payload", type=click.Choice(MODES), default="random", show_default=True,
               help="random: incompressible; realistic: values shaped like trained weights/moments.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Payload seed (0 or more): the same seed writes the same bytes.")
 @click.option("--prefill", default="64MiB", show_default=True,
               help="Payload generated per rank before the clock starts (bounds memory).")
 @click.option("--keep", is_flag=True, help="Keep the checkpoints written (default: delete them).")
@@ -160,19 +146,22 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
-                **backend_cli: Any) -> None:
+                **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+    backend_flags = typed_backend_flags(click.get_current_context())
+    options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     launch = open_launcher(launcher)
     with quiet_unless_root(launch):  # under MPI only rank 0 prints
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
-             seed, prefill, keep, no_restore, cache, restore_shift, results, as_json, backend_cli,
-             fmt=fmt, codec=codec)
+             seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
+             backend_flags, fmt=fmt, codec=codec)
 
 
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
-         as_json: bool, backend_cli: dict[str, Any], fmt: str = "raw", codec: str = "none") -> None:
+         as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
+         codec: str = "none") -> None:
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -186,7 +175,10 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
     )
-    backend = open_backend(target, build_backend_options(target, options.threads, backend_cli))
+    ck = run_workload.checkpoint
+    hints = IOHints(block_size=options.block_size, threads=options.threads,
+                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
+    backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)
     total = per_iter * iterations * (1 if no_restore else 2)

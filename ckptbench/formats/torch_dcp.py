@@ -165,7 +165,7 @@ class TorchDcpFormat(FormatBase):
         url = f"{self.backend.target.rstrip('/')}/{ckpt}/{DCP_DIR}"
         opts: dict[str, Any] = {}
         if url.startswith("s3://"):
-            endpoint = (self.backend.options.get("endpoint_url")
+            endpoint = (self.backend.endpoint_url
                         or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
             if endpoint:
                 opts["client_kwargs"] = {"endpoint_url": endpoint}

@@ -88,10 +88,10 @@ def striping_record(backend: Backend, plan: Plan, run_id: str) -> dict[str, Any]
     """Apply the workload's striping hints to the run's directory where the backend can;
     say what was applied or why not."""
     ck = plan.workload.checkpoint
+    base = {"stripe_size": ck.stripe_size, "stripe_count": ck.stripe_count, "applied": False}
     if ck.stripe_count == 0:
-        return {"stripe_size": ck.stripe_size, "stripe_count": ck.stripe_count,
-                "applied": False, "reason": "not requested ([checkpoint] stripe_count = 0)"}
-    return backend.set_striping(run_id, ck.stripe_size, ck.stripe_count)
+        return {**base, "reason": "not requested ([checkpoint] stripe_count = 0)"}
+    return {**base, **backend.set_striping(run_id, ck.stripe_size, ck.stripe_count)}
 
 
 def auto_restore_shift(hosts: list[str]) -> tuple[int, int]:

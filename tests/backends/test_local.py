@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.backends.local import LocalBackend
+from ckptbench.backends.local import LocalBackend, LocalOptions
 from ckptbench.errors import BackendError
 
 from .conformance import BackendConformance
@@ -27,7 +27,7 @@ class LocalConformance(BackendConformance):
         return str(tmp_path / "target")
 
     def open(self, target: str) -> LocalBackend:
-        return LocalBackend(target, {"io": self.io})
+        return LocalBackend(target, LocalOptions(io=self.io))
 
     def put_foreign(self, target: str, name: str, data: bytes) -> None:
         path = Path(target) / name
@@ -63,4 +63,4 @@ class TestLocalDirect(LocalConformance):
 
 def test_unknown_io_mode_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="allowed: buffered, direct"):
-        LocalBackend(str(tmp_path), {"io": "mmap"})
+        LocalBackend(str(tmp_path), LocalOptions(io="mmap"))

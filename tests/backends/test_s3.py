@@ -14,7 +14,7 @@ import pytest
 from minio import FaultProxy, MinioServer, free_port
 
 from ckptbench.backends import open_backend
-from ckptbench.backends.s3 import S3Backend, parse_target, public_endpoint
+from ckptbench.backends.s3 import S3Backend, S3Options, parse_target, public_endpoint
 from ckptbench.errors import BackendError
 
 from .conformance import MIB, BackendConformance, read_at, write_object
@@ -33,8 +33,8 @@ def s3env(minio_server: MinioServer, monkeypatch: pytest.MonkeyPatch) -> MinioSe
 
 
 def s3(target: str, endpoint: str, **options: Any) -> S3Backend:
-    return S3Backend(target, {"endpoint_url": endpoint, "part_size": 5 * MIB,
-                              "concurrency": 3, **options})
+    return S3Backend(target, S3Options(**{"endpoint_url": endpoint, "part_size": 5 * MIB,
+                                          "concurrency": 3, **options}))
 
 
 class S3Conformance(BackendConformance):
@@ -130,7 +130,7 @@ def test_one_part_in_flight_fails_in_one_line(s3env: MinioServer) -> None:
 
 
 def test_part_size_grows_past_ten_thousand_parts() -> None:
-    b = S3Backend("s3://bucket/p", {"part_size": 8 * MIB})
+    b = S3Backend("s3://bucket/p", S3Options(part_size=8 * MIB))
     assert b.part_size_for(10 * MIB) == 8 * MIB
     assert b.part_size_for(200 << 30) >= (200 << 30) / 10_000
 
@@ -315,7 +315,7 @@ def test_unreachable_endpoint_fails_fast(s3env: MinioServer) -> None:
 def test_endpoint_from_boto3_configuration(s3env: MinioServer,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3env.endpoint)
-    b = S3Backend(f"s3://{s3env.bucket}/envcfg/{uuid.uuid4().hex[:6]}", {})
+    b = S3Backend(f"s3://{s3env.bucket}/envcfg/{uuid.uuid4().hex[:6]}")
     b.prepare()
     assert b.describe()["endpoint"] == s3env.endpoint
     assert b.describe()["addressing_style"] == "path"
@@ -333,12 +333,12 @@ def test_endpoint_from_boto3_configuration(s3env: MinioServer,
 ])
 def test_bad_options_are_one_line(target: str, options: dict[str, Any], match: str) -> None:
     with pytest.raises(BackendError, match=match):
-        S3Backend(target, options)
+        open_backend(target, options)
 
 
 def test_describe_never_holds_credentials(s3env: MinioServer) -> None:
-    b = S3Backend(f"s3://{s3env.bucket}/d",
-                  {"endpoint_url": f"http://user:{s3env.secret_key}@127.0.0.1:{s3env.port}"})
+    b = S3Backend(f"s3://{s3env.bucket}/d", S3Options(
+        endpoint_url=f"http://user:{s3env.secret_key}@127.0.0.1:{s3env.port}"))
     text = json.dumps(b.describe())
     assert s3env.secret_key not in text and s3env.access_key not in text
     assert b.describe()["endpoint"] == s3env.endpoint

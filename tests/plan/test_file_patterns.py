@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ckptbench.backends.base import Backend
-from ckptbench.backends.local import LocalBackend, apply_striping, striping_command
+from ckptbench.backends.local import LocalBackend, LocalOptions, apply_striping, striping_command
 from ckptbench.errors import BackendError, SpecError
 from ckptbench.formats.base import file_jobs, manifest_files
 from ckptbench.measure import measure
@@ -130,7 +130,7 @@ def test_shared_is_for_the_dcp_family_layouts_only():
 
 @pytest.mark.parametrize("io", ["buffered", "direct"])
 def test_local_backend_writes_regions_of_one_file(tmp_path, io):
-    backend = LocalBackend(str(tmp_path / "t"), {"io": io})
+    backend = LocalBackend(str(tmp_path / "t"), LocalOptions(io=io))
     backend.prepare()
     size = 4096 + 100
     backend.create_shared("c/f", size)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.backends.local import LocalBackend
+from ckptbench.backends.local import LocalBackend, LocalOptions
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink, read_records
 from ckptbench.runner.comm import SingleComm
@@ -130,7 +130,7 @@ class _Sabotage(LocalBackend):
 def _run_sabotaged(tmp_path, action: str) -> tuple[RunFailed, list[dict]]:
     w = load_workload(TINY)
     plan = build_plan(w)
-    backend = _Sabotage(str(tmp_path / "t"), {"io": "buffered"})
+    backend = _Sabotage(str(tmp_path / "t"), LocalOptions(io="buffered"))
     backend.action = action
     backend.prepare()
     writer = JsonlSink(tmp_path / "r.jsonl")

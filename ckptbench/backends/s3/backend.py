@@ -1,0 +1,241 @@
+"""S3 and S3-compatible object stores (AWS S3, MinIO, Ceph RGW, ...) through boto3.
+
+Targets are ``s3://bucket/prefix``. The endpoint comes from ``--endpoint-url`` or boto3's
+standard configuration (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the config file);
+credentials come only from boto3's standard chain and are never stored, recorded or
+printed.
+
+The package: ``options`` (S3Options, limits, target URLs), ``client`` (per-process session,
+clients, counters), ``errors`` (one-line errors, retry accounting), ``writer`` (multipart
+uploads), ``reader`` (ranged GETs), and this module, the backend that ties them to a target.
+Retries use botocore's ``standard`` mode; each retried request is counted, by reason, in
+:meth:`S3Backend.stats` (and so in the records).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ClassVar
+
+from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
+from ckptbench.backends.options import IOHints
+from ckptbench.backends.s3.client import ProcessState, S3Clients
+from ckptbench.backends.s3.errors import (
+    is_boto_error,
+    is_connection_error,
+    public_endpoint,
+    translate,
+)
+from ckptbench.backends.s3.options import MAX_PARTS, MIB, S3Options, parse_target
+from ckptbench.backends.s3.reader import S3Reader
+from ckptbench.backends.s3.writer import S3Writer
+from ckptbench.errors import BackendError
+
+
+class S3Backend(Backend):
+    name = "s3"
+    Options: ClassVar[type[S3Options]] = S3Options
+    options: S3Options
+
+    def __init__(self, target: str, options: S3Options | None = None,
+                 hints: IOHints | None = None) -> None:
+        super().__init__(target, options, hints)
+        self.bucket, self.prefix = parse_target(target)
+        o = self.options
+        self.part_size = o.part_size
+        self.concurrency = o.concurrency
+        self.checksum = o.checksum
+        self.payload_signing = o.payload_signing
+        # Bodies are sent from the caller's memory rather than copied into bytes (see
+        # writer.ViewBody); botocore's CRC32 request checksums want bytes, so --s3-checksum
+        # when_supported copies.
+        self.zero_copy = self.checksum == "when_required"
+        self.max_attempts = o.max_attempts
+        self.clients = S3Clients(o, self.hints.threads)
+        self.created_marker = False
+
+    # --- keys and processes ---
+    def _key(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _proc(self) -> ProcessState:
+        return self.clients.proc()
+
+    def _client(self, kind: str = "main") -> Any:
+        """This process's client: 'main' or 'quick' (see S3Clients)."""
+        return self.clients.client(kind)
+
+    # --- errors ---
+    def error(self, exc: BaseException, action: str) -> BackendError:
+        """One line for the usual ways S3 says no (never a key, never a traceback)."""
+        resolved = self.clients.resolved
+        endpoint = public_endpoint(resolved.endpoint if resolved else self.options.endpoint_url)
+        return translate(exc, f"{self.target}: {action}", endpoint or "the default S3 endpoint",
+                         self.bucket, action, self.options.read_timeout)
+
+    @contextlib.contextmanager
+    def calls(self, action: str) -> Any:
+        """Map botocore's exceptions raised inside to one-line BackendErrors."""
+        try:
+            yield
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+            if not (is_boto_error(exc) or is_connection_error(exc)):
+                raise
+            if is_connection_error(exc):
+                self._proc().dead = True
+            raise self.error(exc, action) from None
+
+    # --- the target ---
+    @property
+    def marker_key(self) -> str:
+        return self._key(TARGET_MARKER)
+
+    def prepare(self) -> None:
+        base = f"{self.prefix}/" if self.prefix else ""
+        with self.calls("check the target"):  # quick: an unreachable endpoint fails in seconds
+            listing = self._client("quick").list_objects_v2(Bucket=self.bucket, Prefix=base,
+                                                            MaxKeys=3)
+        client = self._client("main")
+        others = [o["Key"] for o in listing.get("Contents", []) if o["Key"] != self.marker_key]
+        if self._head(self.marker_key, "check the target"):
+            return
+        if others:
+            raise BackendError(
+                f"target {self.target} holds objects not made by ckptbench (e.g. {others[0]!r}); "
+                "allowed: a new or empty prefix, or one ckptbench marked before")
+        with self.calls("mark the target"):
+            client.put_object(Bucket=self.bucket, Key=self.marker_key, Body=marker_bytes())
+        self.created_marker = True
+
+    def release(self) -> None:
+        if not self.created_marker:
+            return
+        base = f"{self.prefix}/" if self.prefix else ""
+        client = self._client("quick" if self._proc().dead else "main")
+        try:
+            with self.calls("release the target"):
+                listing = client.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=3)
+                if any(o["Key"] != self.marker_key for o in listing.get("Contents", [])):
+                    return
+                client.delete_object(Bucket=self.bucket, Key=self.marker_key)
+                self.created_marker = False
+        except BackendError:
+            self._proc().count("cleanup_errors")
+
+    def _head(self, key: str, action: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        with self.calls(action):
+            try:
+                self._client().head_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+        return True
+
+    # --- data ---
+    def open_write(self, key: str, size: int) -> WriteHandle:
+        return S3Writer(self, key, size)
+
+    def open_read(self, key: str) -> ReadHandle:
+        return S3Reader(self, key)
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        # One PUT: readers see the whole object or none of it.
+        with self.calls(f"put {key}"):
+            self._client().put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        with self.calls(f"get {key}"):
+            try:
+                resp = self._client().get_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise FileNotFoundError(f"{self.target}/{key}") from None
+                raise
+            return bytes(resp["Body"].read())
+
+    def exists(self, key: str) -> bool:
+        return self._head(self._key(key), f"look up {key}")
+
+    def remove_tree(self, prefix: str) -> None:
+        """Delete every object (and unfinished upload) under `prefix`; best effort, like
+        rmtree(ignore_errors=True): a failure is counted, never raised over the real error."""
+        exact = self._key(prefix).rstrip("/")
+        if not prefix.strip("/") or exact == self.marker_key:
+            raise BackendError(f"{self.target}: refusing to remove the whole target")
+        base = exact + "/"
+        client = self._client("quick" if self._proc().dead else "main")
+        try:
+            with self.calls(f"remove {prefix}"):
+                pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                          Prefix=exact)
+                batch: list[dict[str, str]] = []
+                for page in pages:
+                    for obj in page.get("Contents", []):
+                        if obj["Key"] != exact and not obj["Key"].startswith(base):
+                            continue  # 'run-1' must not take 'run-10' with it
+                        batch.append({"Key": obj["Key"]})
+                        if len(batch) == 1000:
+                            self._delete(client, batch)
+                            batch = []
+                if batch:
+                    self._delete(client, batch)
+                uploads = client.list_multipart_uploads(Bucket=self.bucket, Prefix=base)
+                for up in uploads.get("Uploads", []):
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
+                                                  UploadId=up["UploadId"])
+        except BackendError:
+            self._proc().count("cleanup_errors")
+
+    def _delete(self, client: Any, batch: list[dict[str, str]]) -> None:
+        resp = client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        if resp.get("Errors"):
+            self._proc().count("cleanup_errors", len(resp["Errors"]))
+
+    def drop_cache(self, keys: list[str]) -> str:
+        return "none (object store)"
+
+    def stats(self) -> dict[str, int]:
+        return self._proc().take_stats()
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.options.endpoint_url
+
+    def details(self) -> dict[str, Any]:
+        import boto3
+        import botocore
+
+        r = self.clients.resolve()
+        auth = None
+        with contextlib.suppress(Exception):
+            creds = self.clients.session().get_credentials()
+            auth = creds.method if creds is not None else None
+        return {
+            "endpoint": public_endpoint(r.endpoint),
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "region": r.region,
+            "addressing_style": r.addressing_style,
+            "part_size": self.part_size,
+            "concurrency": self.concurrency,
+            "checksum": {"request": self.checksum, "response": self.checksum},
+            "payload_signing": self.payload_signing,
+            "retries": {"mode": "standard", "max_attempts": self.max_attempts},
+            "transfer": "botocore client (classic; no CRT), own multipart and ranged GETs",
+            "auth": auth,  # where boto3 found the credentials ('env', ...), never the keys
+            "boto3": boto3.__version__,
+            "botocore": botocore.__version__,
+        }
+
+    def part_size_for(self, size: int) -> int:
+        """The part size, raised for objects that would need more than 10,000 parts."""
+        need = -(-size // MAX_PARTS)
+        return max(self.part_size, -(-need // MIB) * MIB)

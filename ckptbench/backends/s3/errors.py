@@ -1,0 +1,137 @@
+"""botocore's failures as one-line BackendErrors, and retry accounting.
+
+Retries are botocore's (``standard`` mode); two event hooks count every attempt, and every
+retried one by reason (throttle, server, connection, other), into the process's counters
+(:meth:`S3Backend.stats`, recorded per rank).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ckptbench.errors import BackendError
+from ckptbench.redact import public_url
+
+THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestThrottled",
+            "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
+            "ProvisionedThroughputExceededException", "BandwidthLimitExceeded"}
+CHAIN = ("credentials from boto3's standard chain (AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, "
+         "AWS_PROFILE, ~/.aws/credentials, an instance or container role)")
+ENDPOINT_HINT = "a reachable endpoint from --endpoint-url or AWS_ENDPOINT_URL_S3"
+
+
+def public_endpoint(url: str | None) -> str | None:
+    """The endpoint without user:password@ (never recorded, even if someone put it there)."""
+    return public_url(url) if url else url
+
+
+def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
+              action: str, read_timeout: float) -> BackendError:
+    """One line for the usual ways S3 says no (never a key, never a traceback); `where`
+    is 'target: action', `endpoint` already public."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                    "ExpiredToken", "InvalidClientTokenId"):
+            what = {"InvalidAccessKeyId": "the access key is not known to the endpoint",
+                    "SignatureDoesNotMatch": "the secret key does not match the access key"
+                    }.get(code, "the session token is not valid")
+            return BackendError(f"{where}: wrong credentials ({code}: {what}); allowed: {CHAIN}")
+        if code in ("AccessDenied", "403", "Forbidden", "AllAccessDisabled"):
+            return BackendError(f"{where}: access denied ({code}); allowed: credentials that may "
+                                f"list, read, write and delete under the prefix, from {CHAIN}")
+        if code in ("NoSuchBucket",) or (code == "404" and action.startswith("check")):
+            return BackendError(f"{where}: bucket {bucket!r} does not exist at {endpoint}; "
+                                "allowed: an existing bucket (ckptbench never creates buckets)")
+        if code in THROTTLE or status == 429:
+            return BackendError(f"{where}: the endpoint kept throttling ({code or status}) on "
+                                "every attempt; allowed: fewer ranks/threads or a larger "
+                                "--s3-max-attempts")
+        if status and status >= 500:
+            return BackendError(f"{where}: server error {status} {code} on every attempt at "
+                                f"{endpoint}")
+        message = str(err.get("Message", ""))[:200]
+        return BackendError(f"{where}: {code or status}: {message}".rstrip(": "))
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return BackendError(f"{where}: no usable credentials found; allowed: {CHAIN}")
+    if isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
+        return BackendError(f"{where}: cannot reach the endpoint {endpoint} "
+                            f"({type(exc).__name__}); allowed: {ENDPOINT_HINT}")
+    if isinstance(exc, ReadTimeoutError):
+        return BackendError(f"{where}: the endpoint {endpoint} did not answer within "
+                            f"{read_timeout} s")
+    name = type(exc).__name__
+    if is_connection_error(exc):
+        return BackendError(f"{where}: connection to {endpoint} lost ({name}) on every "
+                            "attempt")
+    return BackendError(f"{where}: {name}: {str(exc)[:200]}")
+
+
+def is_boto_error(exc: BaseException) -> bool:
+    mod = type(exc).__module__
+    return mod.startswith(("botocore", "urllib3", "boto3", "http.client"))
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    import http.client
+
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError, ResponseStreamingError
+
+    if isinstance(exc, BotoConnectionError | HTTPClientError | ResponseStreamingError
+                  | http.client.HTTPException | ConnectionError | TimeoutError):
+        return True
+    return type(exc).__module__.startswith("urllib3")
+
+
+def backoff(attempt: int) -> None:
+    """Full-jitter exponential backoff before retry `attempt` + 1 (as botocore's standard)."""
+    time.sleep(min(20.0, random.random() * (2 ** (attempt - 1))))
+
+
+# --- retry accounting (botocore events) ---
+def note_retry_reason(response: Any = None, caught_exception: Any = None,
+                      request_dict: Any = None, **_: Any) -> None:
+    """needs-retry: remember why this attempt failed; the next attempt (if any) counts it."""
+    if request_dict is None:
+        return
+    reason = None
+    if caught_exception is not None:
+        reason = "connection" if is_connection_error(caught_exception) else "other"
+    elif response is not None:
+        http, parsed = response
+        code = (parsed or {}).get("Error", {}).get("Code", "")
+        status = getattr(http, "status_code", 0)
+        if code in THROTTLE or status == 429:
+            reason = "throttle"
+        elif status >= 500:
+            reason = "server"
+        elif status >= 400:
+            reason = "other"
+    request_dict.setdefault("context", {})["ckptbench_retry"] = reason
+
+
+def count_attempt(count: Callable[..., None], request: Any) -> None:
+    """request-created: once per attempt; attempt > 1 is a retry (counted by reason)."""
+    context = getattr(request, "context", {}) or {}
+    attempt = context.get("retries", {}).get("attempt", 1)
+    if attempt <= 1:
+        count("requests")
+    else:
+        count("retries", f"retries_{context.get('ckptbench_retry') or 'other'}")
