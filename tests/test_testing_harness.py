@@ -135,23 +135,24 @@ def test_missing_tools_and_bad_faults_are_one_line_errors() -> None:
         FaultProxy("http://127.0.0.1:1", ["404"])
 
 
-# An excerpt of warp 1.x's report (the lines parse_report reads, with their neighbours).
-WARP_PUT = """\
-Reqs: 412, Errs:0, Objs:412, Bytes: 6.44GiB
- -------------------
-Report: PUT. Concurrency: 4. Ran: 8s
- * Average: 459.37 MiB/s, 7.18 obj/s
- * Reqs: Avg: 541.2ms, 50%: 530.1ms, 90%: 640.0ms, 99%: 760.3ms, Fastest: 401.1ms, Slowest: 801.2ms
+# warp's report (a real `warp put` against MinIO, 1 MiB objects, concurrency 2, 5 s).
+WARP_PUT = """
 
-Throughput, split into 8 x 1s:
- * Fastest: 486.1MiB/s, 7.60 obj/s
+Report: PUT. Concurrency: 2. Ran: 2s
+ * Average: 111.45 MiB/s, 111.45 obj/s
+ * Reqs: Avg: 20.4ms, 50%: 14.8ms, 90%: 35.5ms, 99%: 103.1ms, Fastest: 5.3ms, Slowest: 166.1ms, StdDev: 18.4ms
+
+Throughput, split into 2 x 1s:
+ * Fastest: 116.5MiB/s, 116.47 obj/s
+ * 50% Median: 116.5MiB/s, 116.47 obj/s
+ * Slowest: 106.4MiB/s, 106.43 obj/s
 """
 
 
 def test_warp_report_and_command_line() -> None:
     rate, seconds = parse_report(WARP_PUT) or (0.0, 0.0)
-    assert rate == pytest.approx(459.37 * (1 << 20)) and seconds == 8
-    assert parse_report(WARP_PUT.replace("MiB/s", "GiB/s"))[0] == pytest.approx(459.37 * (1 << 30))  # type: ignore[index]
+    assert rate == pytest.approx(111.45 * (1 << 20)) and seconds == 2
+    assert parse_report(WARP_PUT.replace("MiB/s", "GiB/s"))[0] == pytest.approx(111.45 * (1 << 30))  # type: ignore[index]
     assert parse_report("warp: <ERROR> connection refused") is None
     assert duration_seconds("1m5s") == 65 and duration_seconds("1h0m0.5s") == 3600.5
     opts = WarpOptions("127.0.0.1:9000", "b", 16 << 20, 4, "6s", multipart=False, signed=False)
