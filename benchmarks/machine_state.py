@@ -19,6 +19,8 @@ Two effects would otherwise decide a comparison on their own:
   `reporting_paused` stops free page reporting for the whole comparison and backs the
   memory the run needs once, then restores the setting: touching memory on the
   development VM ran at 0.23-0.31 GB/s on reported pages and 6.1-7.8 GB/s on backed ones.
+  That changes a kernel setting of the machine, so it is opt-in (`--page-reporting
+  pause`); by default the scripts leave the machine as it is and say what they found.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ckptbench.testing import ToolError, run
 from ckptbench.units import parse_size
 
 GIB = 1 << 30
@@ -68,9 +71,11 @@ def warm_size(moved_bytes: int, reserve: int | None = None) -> int:
 def warm_memory(nbytes: int) -> None:
     """Touch nbytes of memory in a child process that then exits, so the pages are backed."""
     if nbytes > 0:
-        subprocess.run([sys.executable, "-c", "import sys, numpy as np\n"
-                        "a = np.empty(int(sys.argv[1]), np.uint8); a[::4096] = 1", str(nbytes)],
-                       check=True)
+        done = run([sys.executable, "-c", "import sys, numpy as np\n"
+                    "a = np.empty(int(sys.argv[1]), np.uint8); a[::4096] = 1", str(nbytes)])
+        if done.returncode:
+            raise ToolError(f"warming {nbytes} bytes of memory failed ({done.returncode}): "
+                            f"{done.tail()}")
 
 
 def max_page_order() -> int:
@@ -90,10 +95,11 @@ def _set_reporting_order(value: str) -> str | None:
 
 
 def add_reporting_option(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--page-reporting", choices=["pause", "leave"], default="pause",
-                    help="pause: turn the guest's free page reporting off for the run (root; "
-                    "machine_state.py says why) and back the memory the run needs once; "
-                    "leave: run on the machine as it is [default: pause]")
+    ap.add_argument("--page-reporting", choices=["leave", "pause"], default="leave",
+                    help="leave: run on the machine as it is; pause: turn the VM's free page "
+                    "reporting off for the run (root; machine_state.py says why), back the "
+                    "memory the run needs once, and restore the setting at the end, also on "
+                    "SIGTERM or SIGHUP [default: leave]")
 
 
 @contextlib.contextmanager
@@ -113,11 +119,11 @@ def _exit_on_hangup_or_term() -> Iterator[None]:
 
 @contextlib.contextmanager
 def reporting_paused(back_bytes: int, pause: bool = True) -> Iterator[str]:
-    """Free page reporting off for the comparison, `back_bytes` of memory backed once, the
+    """With `pause`: free page reporting off for the comparison, `back_bytes` of memory backed once, the
     kernel's setting restored on the way out (also on an error, SIGTERM or SIGHUP). Yields
     a line for the report that says what was done, or why not: without root, on a kernel
     without the setting or one that will not turn it off, the tools run on the machine as
-    it is."""
+    it is. Without `pause`, only says what the setting is."""
     try:
         old = REPORTING_ORDER.read_text().strip()
     except OSError:

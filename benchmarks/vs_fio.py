@@ -16,13 +16,13 @@ Like fio, whose buffers are filled before it starts, ckptbench is given a --pref
 enough to generate each rank's payload before its clock starts; the bytes are still
 unique per block, file and iteration, and every byte is verified on restore.
 
-Run as root on a VM with free page reporting, the guest stops handing freed memory to
-the host for the run (--page-reporting pause, the default; the setting is restored at the
-end) and the memory the run needs is backed once: machine_state.py says why (the tool
-that holds more memory or starts later after a cache drop otherwise pays for faulting
-the host's pages back in). Before each tool's save the page cache is dropped, the
-machine is left --settle seconds, and --warm-memory is touched by a process that exits
-at once (the same remedy, per turn, for where reporting cannot be paused).
+The machine is left as it is unless asked. On a VM with free page reporting (memory the
+guest frees goes back to the host, and the tool that holds more memory or starts later
+after a cache drop pays for faulting it back in: machine_state.py says why),
+`--page-reporting pause` (root) turns reporting off for the run, backs the memory the
+run needs once and restores the setting at the end. Before each tool's save the page
+cache is dropped, the machine is left --settle seconds, and --warm-memory is touched by
+a process that exits at once (the remedy, per turn, that needs no root).
 
 Runs alternate in ABBA order (fio, ckptbench, ckptbench, fio, ...) so drift and the
 other tool's file deletions hit both. Two ratios are printed: ckptbench's median over
@@ -39,7 +39,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -60,31 +59,8 @@ from benchmarks.machine_state import (  # noqa: E402
 from ckptbench.errors import SpecError  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
+from ckptbench.testing import FioJob, ToolError, find_binary, run, run_fio  # noqa: E402
 from ckptbench.units import parse_size  # noqa: E402
-
-
-def fio_jobfile(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> str:
-    # fallocate=none: fio otherwise preallocates each file while laying it out, before its
-    # clock; a checkpointer (torch DCP, ckptbench) allocates blocks as it writes.
-    lines = ["[global]", f"directory={directory}", f"rw={rw}", f"bs={bs}", "ioengine=psync",
-             "fallocate=none",
-             f"direct={int(direct)}", "end_fsync=1" if rw == "write" else "invalidate=1",
-             "group_reporting=1", "thread=0", ""]
-    for i, size in enumerate(sizes):
-        lines += [f"[rank{i}]", f"filename=rank{i}.fio", f"size={size}", ""]
-    return "\n".join(lines)
-
-
-def run_fio(directory: Path, sizes: list[int], bs: int, direct: bool, rw: str) -> float:
-    job = directory / f"job-{rw}.fio"
-    job.write_text(fio_jobfile(directory, sizes, bs, direct, rw))
-    out = subprocess.run(["fio", "--output-format=json", str(job)], capture_output=True, text=True)
-    if out.returncode:
-        last = (out.stderr or out.stdout).strip().splitlines() or ["no output"]
-        raise SystemExit(f"vs_fio: fio {rw} failed ({out.returncode}): {last[-1]}")
-    data = json.loads(out.stdout[out.stdout.index("{"):])
-    side = data["jobs"][0]["write" if rw == "write" else "read"]
-    return float(side["bw_bytes"])
 
 
 def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,
@@ -92,11 +68,12 @@ def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: i
     results = directory / "ckptbench.jsonl"
     results.unlink(missing_ok=True)
     target = directory / "ckptbench"
-    subprocess.run([sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
-                    str(target), "--scale", str(scale), "--ranks", ranks, "--block-size", str(bs),
-                    "--io", "direct" if direct else "buffered", "--results", str(results),
-                    "--prefill", str(prefill),
-                    "--json"], check=True, capture_output=True, text=True, cwd=ROOT)
+    done = run([sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
+                str(target), "--scale", str(scale), "--ranks", ranks, "--block-size", str(bs),
+                "--io", "direct" if direct else "buffered", "--results", str(results),
+                "--prefill", str(prefill), "--json"], cwd=ROOT)
+    if done.returncode:
+        raise ToolError(f"ckptbench failed ({done.returncode}): {done.tail(600)}")
     summaries = {}
     for line in results.read_text().splitlines():
         rec = json.loads(line)
@@ -120,9 +97,10 @@ def compare(args: argparse.Namespace, base: Path, sizes: list[int], prefill: int
             if tool == "fio":
                 fdir = base / "fio"
                 fdir.mkdir(exist_ok=True)
-                fio_w.append(run_fio(fdir, sizes, args.bs, direct, "write"))
+                job = FioJob(fdir, sizes, args.bs, direct)
+                fio_w.append(run_fio(job, "write"))
                 drop_caches()
-                fio_r.append(run_fio(fdir, sizes, args.bs, direct, "read"))
+                fio_r.append(run_fio(job, "read"))
                 shutil.rmtree(fdir)
                 w, r = fio_w[-1], fio_r[-1]
             else:
@@ -162,7 +140,7 @@ def main() -> int:
         warm = parse_warm(args.warm_memory)
     except SpecError as exc:
         ap.error(str(exc))
-    if not shutil.which("fio"):
+    if not find_binary("fio"):
         print("fio is not installed (apt-get install fio)", file=sys.stderr)
         return 2
     plan = build_plan(scaled(load_workload(args.workload), args.scale))
@@ -178,13 +156,16 @@ def main() -> int:
     base.mkdir(parents=True, exist_ok=True)
     print(f"workload {args.workload.name} --scale {args.scale} --ranks {args.ranks}: "
           f"{len(sizes)} files/jobs, {sum(sizes) / 2**30:.3f} GiB, bs {args.bs >> 20} MiB, dir {base}")
-    fio_bytes = sum(n // args.bs * args.bs for n in sizes)  # fio rounds each file down to whole blocks
+    fio_bytes = FioJob(base, sizes, args.bs, direct=False).moved_bytes()  # whole blocks only
     print(f"fio moves {fio_bytes} bytes ({fio_bytes / sum(sizes):.2%} of ckptbench's {sum(sizes)}: "
           f"whole blocks only); rates are compared")
     print(f"settle {args.settle:g} s, warm-up {warm / 2**30:.2f} GiB before each save")
     with memory_for_run(args, sum(sizes)) as memory_state:
         print(memory_state)
-        rows = compare(args, base, sizes, prefill, warm)
+        try:
+            rows = compare(args, base, sizes, prefill, warm)
+        except ToolError as exc:  # a tool failed: one line, no traceback
+            raise SystemExit(f"vs_fio: {exc}") from None
     print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "
           f"{'pairs':>6s}   runs (fio | ckptbench)")
     for mode, phase, fm, cm, ratio, f, c in rows:

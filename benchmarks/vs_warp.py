@@ -23,23 +23,25 @@ ckptbench's restore includes what the benchmark is for: every byte restored is v
 against its digest. Its payload (and digests) are generated before the clock (--prefill
 of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
 
-    python benchmarks/vs_warp.py                      # starts its own MinIO (tests/minio.py)
+    python benchmarks/vs_warp.py                      # starts its own MinIO (ckptbench.testing)
     python benchmarks/vs_warp.py --obj-size 64MiB --concurrency 8 --duration 20s
     python benchmarks/vs_warp.py --endpoint http://host:9000 --bucket b   # keys from env
 
 The checkpoint's object count is rounded up to a multiple of C where the model allows
 (model_layers), so each wave of the save moves C objects at once, as warp's steady state
-does. Run as root on a VM with free page reporting, the guest stops handing freed memory
-to the host for the run and the memory a turn needs is backed once, the setting restored
-at the end (machine_state.reporting_paused says why: the tool that touched more fresh
-memory otherwise paid for the host's page faults, about 4 s of CPU per GB here, inside
-its clock; `--page-reporting leave` runs on the machine as it is). Before each tool's
-turn the MinIO this script started has its trash emptied (empty_trash says why) and the
-page cache is dropped (when permitted); turns alternate in ABBA order (warp, ckptbench,
-ckptbench, warp, ...) over --repeat, and each turn's share of CPU stolen by the hypervisor
-(a busy neighbour on the host) is printed with it. --warm-memory (touch memory before each turn, as
-vs_fio does) is off by default here: with page reporting paused it has nothing left to
-do, and without it a warm-up is undone within seconds (docs/s3.md has the figures).
+does. Before each tool's turn the MinIO this script started has its trash emptied
+(ckptbench.testing.minio.empty_trash says why) and the page cache is dropped (when
+permitted); turns alternate in ABBA order (warp, ckptbench, ckptbench, warp, ...) over
+--repeat, and each turn's share of CPU stolen by the hypervisor (a busy neighbour on the
+host) is printed with it.
+
+The machine is left as it is unless asked. On a VM with free page reporting (memory the
+guest frees goes back to the host, and faulting it back in costs about 4 s of CPU per GB
+inside whichever tool touches it), `--page-reporting pause` (root) turns reporting off
+for the run, backs the memory a turn needs once and restores the setting at the end,
+also on SIGTERM or SIGHUP (machine_state.reporting_paused). --warm-memory (touch memory
+before each turn, as vs_fio does) is off by default here: with reporting paused it has
+nothing left to do, and without that a warm-up is undone within seconds.
 
 Prints a table of GB/s (1e9 B/s) and ckptbench / warp for PUT (save) and GET (restore):
 the ratio of the medians, and the median of the ratios of each alternating run pair
@@ -52,11 +54,7 @@ import argparse
 import json
 import math
 import os
-import re
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,9 +62,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from minio import MinioServer, find_binary  # noqa: E402  (tests/minio.py)
 
 from benchmarks.machine_state import (  # noqa: E402
     add_reporting_option,
@@ -80,12 +75,17 @@ from benchmarks.machine_state import (  # noqa: E402
     warm_size,
 )
 from ckptbench.errors import SpecError  # noqa: E402
+from ckptbench.testing import (  # noqa: E402
+    MinioServer,
+    ToolError,
+    WarpOptions,
+    find_binary,
+    run,
+    run_warp,
+)
 from ckptbench.units import parse_size  # noqa: E402
 
 MIB = 1 << 20
-WARP_AVG = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Average:\s*([\d.]+)\s*"
-                      r"(KiB|MiB|GiB)/s", re.DOTALL)
-UNIT = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def model_layers(objects: int, concurrency: int) -> int:
@@ -146,67 +146,9 @@ files = "per-chunk"
 """
 
 
-def empty_trash(server: MinioServer | None) -> int:
-    """Remove what MinIO has not yet purged of deleted objects (its data directory's
-    .minio.sys/tmp/.trash): MinIO purges it in bursts (30 GB in 15 s was seen), with
-    ext4's discards behind them, and a burst would land in whichever tool's turn runs
-    then. Only for a server this script started; prepare_turn's sync follows. Returns the
-    entries removed."""
-    if server is None:
-        return 0
-    trash = server.data_dir / ".minio.sys" / "tmp" / ".trash"
-    entries = list(trash.iterdir()) if trash.is_dir() else []
-    for entry in entries:
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    return len(entries)
-
-
 def shares(values: list[float]) -> str:
     """[0.021, 0.003] -> '2.1% 0.3%'."""
     return " ".join(f"{x:.1%}" for x in values)
-
-
-def seconds(text: str) -> float:
-    """warp's '1m5s' / '6s' -> seconds."""
-    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"([\d.]+)([hms])", text))
-
-
-def child_cpu() -> float:
-    """CPU seconds of the children waited for so far (a tool and everything it forked)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def run_warp(op: str, host: str, env: dict[str, str], bucket: str, obj_size: int,
-             concurrency: int, duration: str, multipart: bool, signed: bool,
-             workdir: Path) -> tuple[float, float]:
-    """warp's average throughput for `op` in bytes/s, and its CPU seconds per GB moved
-    (including its preparation: for `get`, uploading the objects first)."""
-    warp = find_binary("warp")
-    if not warp:
-        raise SystemExit("vs_warp: no `warp` binary on PATH or in $(go env GOPATH)/bin; "
-                         "build it with .ci/setup")
-    cmd = [warp, op, "--host", host, "--bucket", bucket, "--obj.size", str(obj_size),
-           "--concurrent", str(concurrency), "--duration", duration, "--no-color",
-           "--benchdata", str(workdir / f"warp-{op}")]
-    if op == "put" and not multipart:
-        cmd.append("--disable-multipart")
-    if not signed:
-        cmd.append("--disable-sha256-payload")
-    if op == "get":
-        cmd += ["--objects", str(max(2 * concurrency, 8))]
-    cpu0 = child_cpu()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=workdir)
-    cpu = child_cpu() - cpu0
-    m = WARP_AVG.search(out.stdout)
-    if out.returncode or not m:
-        raise SystemExit(f"vs_warp: warp {op} failed ({out.returncode}): "
-                         f"{(out.stderr or out.stdout)[-400:]}")
-    rate = float(m.group(3)) * UNIT[m.group(4)]
-    return rate, cpu / max(1e-9, rate * seconds(m.group(2)) / 1e9)
 
 
 def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
@@ -228,18 +170,23 @@ def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int
     cmd += ["--part-size", "16MiB" if multipart else str(obj_size), "--s3-concurrency", "1",
             "--block-size", str(obj_size)]
     cmd += extra
-    cpu0 = child_cpu()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=workdir)
-    cpu = child_cpu() - cpu0
+    out = run(cmd, env=env, cwd=workdir)
     if out.returncode:
-        raise SystemExit(f"vs_warp: ckptbench failed ({out.returncode}): {out.stderr[-600:]}")
+        raise ToolError(f"ckptbench failed ({out.returncode}): {out.tail(600)}")
     summary = json.loads(out.stdout[out.stdout.index("{"):])["summary"]
     moved = sum(float(s["bytes"]) * s["iterations"] for s in summary)
     return {**{s["phase"]: float(s["throughput_bytes_per_s"]) for s in summary},
-            "cpu_per_gb": cpu / max(1e-9, moved / 1e9)}
+            "cpu_per_gb": out.cpu_seconds / max(1e-9, moved / 1e9)}
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return compare(argv)
+    except ToolError as exc:  # a tool missing or failed: one line, no traceback
+        raise SystemExit(f"vs_warp: {exc}") from None
+
+
+def compare(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--endpoint", help="use this S3 endpoint (keys from AWS_ACCESS_KEY_ID/"
                     "AWS_SECRET_ACCESS_KEY) instead of starting a MinIO")
@@ -272,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     objects = matrices(layers)
     if warm is None:
         warm = warm_size(2 * a.iterations * objects * obj_size)
+    if not find_binary("warp"):
+        raise ToolError("no `warp` binary on PATH or in $(go env GOPATH)/bin; build it with "
+                        ".ci/setup")
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
              for sg in (["signed", "unsigned"] if a.signing == "both" else [a.signing])]
 
@@ -305,16 +255,18 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
                     "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
                     "cpu_ckptbench", "steal_warp", "steal_ckptbench")})
+                warp_opts = WarpOptions(host, warp_bucket, obj_size, a.concurrency, a.duration,
+                                        multipart=mp, signed=signed)
                 for i, tool in turns(a.repeat, "warp"):
-                    empty_trash(server)
+                    if server is not None:  # only a server this script started
+                        server.empty_trash()
                     prepare_turn(warm)
                     ticks = cpu_ticks()
                     if tool == "warp":
                         for op in ("put", "get"):
-                            rate, cpu = run_warp(op, host, env, warp_bucket, obj_size,
-                                                 a.concurrency, a.duration, mp, signed, workdir)
-                            r[f"warp_{op}"].append(rate)
-                            r[f"cpu_warp_{op}"].append(cpu)
+                            res = run_warp(op, warp_opts, env, workdir)
+                            r[f"warp_{op}"].append(res.bytes_per_s)
+                            r[f"cpu_warp_{op}"].append(res.cpu_per_gb)
                         r["steal_warp"].append(stolen_share(ticks, cpu_ticks()))
                         print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
                               f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s (CPU stolen "

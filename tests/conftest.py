@@ -23,7 +23,7 @@ def minio_server():
     CKPTBENCH_SKIP_S3=1; .ci/setup builds it from source (pinned)."""
     import os
 
-    from minio import MinioServer, find_binary
+    from ckptbench.testing import MinioServer, find_binary
 
     if not find_binary("minio"):
         if os.environ.get("CKPTBENCH_SKIP_S3") == "1":

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from minio import FaultProxy, MinioServer, free_port
+
+from ckptbench.testing import FaultProxy, MinioServer, free_port
 
 pytestmark = pytest.mark.s3
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from minio import MinioServer
 
 from ckptbench.backends import open_backend
 from ckptbench.backends.fsspec_backend import FsspecBackend, FsspecOptions
 from ckptbench.errors import BackendError
+from ckptbench.testing import MinioServer
 
 from .conformance import BackendConformance
 

@@ -11,11 +11,11 @@ import uuid
 from typing import Any
 
 import pytest
-from minio import FaultProxy, MinioServer, free_port
 
 from ckptbench.backends import open_backend
 from ckptbench.backends.s3 import S3Backend, S3Options, parse_target, public_endpoint
 from ckptbench.errors import BackendError
+from ckptbench.testing import FaultProxy, MinioServer, free_port
 
 from .conformance import MIB, BackendConformance, read_at, write_object
 

@@ -1,0 +1,162 @@
+"""A fault-injecting HTTP proxy in front of a real S3 endpoint: real retries against the
+real server behind it (503 SlowDown, 500, a reset connection, a cut-off body), chosen per
+request, everything else forwarded unchanged."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from ckptbench.testing.minio import Loopback
+
+_ERRORS = {
+    "503": (503, "Service Unavailable", "SlowDown", "Please reduce your request rate."),
+    "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error."),
+}
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+        "upgrade", "expect"}
+FAULTS = ("503", "500", "reset", "truncate")
+
+
+class FaultProxy(Loopback):
+    """A tiny HTTP/1.1 proxy on 127.0.0.1 in front of an S3 endpoint.
+
+    Requests that `match(method, path)` consume the queued `faults` one each, in order:
+    ``"503"`` answers SlowDown, ``"500"`` InternalError, ``"reset"`` reads the request and
+    resets the connection without an answer, ``"truncate"`` forwards, then sends half the
+    response body and resets. Everything else is forwarded unchanged (the Host header is
+    kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
+    """
+
+    def __init__(self, upstream: str, faults: list[str] | None = None,
+                 match: Callable[[str, str], bool] | None = None) -> None:
+        unknown = sorted(set(faults or []) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"FaultProxy faults {unknown}: allowed are {', '.join(FAULTS)}")
+        up = urlsplit(upstream)
+        self.upstream = (up.hostname or "127.0.0.1", up.port or 80)
+        self.faults = list(faults or [])
+        self.match = match or (lambda method, path: True)
+        self.injected: list[tuple[str, str, str]] = []
+        self.user_agents: list[str] = []  # of every request, in order
+        self.forwarded = 0
+        self.lock = threading.Lock()
+        self.server = _ProxyServer(self)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def next_fault(self, method: str, path: str, user_agent: str) -> str | None:
+        """Record the request; the fault it gets, if any."""
+        with self.lock:
+            self.user_agents.append(user_agent)
+            if not (self.faults and self.match(method, path)):
+                return None
+            fault = self.faults.pop(0)
+            self.injected.append((fault, method, path))
+            return fault
+
+    def start(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.proxy = proxy
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ProxyServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+    def handle_one_request(self) -> None:
+        """The base's, for every method, and a client that went away ends the connection."""
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            self._proxy()
+            self.wfile.flush()
+        except (ConnectionError, TimeoutError, OSError):
+            self.close_connection = True
+
+    def _body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _reset(self) -> None:
+        """Close with RST (SO_LINGER 0), as a crashed server or a middlebox would."""
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+    def _error(self, fault: str) -> None:
+        status, reason, code, message = _ERRORS[fault]
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+               f"<Message>{message}</Message></Error>").encode()
+        self.send_response_only(status, reason)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(xml) if self.command != "HEAD" else 0))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(xml)
+
+    def _proxy(self) -> None:
+        proxy = self.server.proxy
+        body = self._body()
+        fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""))
+        if fault is not None and fault in _ERRORS:
+            self._error(fault)
+            return
+        if fault == "reset":
+            self._reset()
+            return
+        conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            with proxy.lock:
+                proxy.forwarded += 1
+            self.send_response_only(resp.status, resp.reason)
+            for k, v in resp.getheaders():
+                if k.lower() not in _HOP and k.lower() != "content-length":
+                    self.send_header(k, v)
+            length = resp.getheader("Content-Length") if self.command == "HEAD" else len(data)
+            self.send_header("Content-Length", str(length or 0))
+            self.end_headers()
+            if fault == "truncate" and len(data) > 1:
+                self.wfile.write(data[:len(data) // 2])
+                self._reset()
+                return
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            conn.close()
