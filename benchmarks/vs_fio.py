@@ -36,7 +36,6 @@ holds better when the machine's speed drifts between pairs). fio bandwidth is to
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -56,29 +55,25 @@ from benchmarks.machine_state import (  # noqa: E402
     turns,
     warm_size,
 )
-from ckptbench.errors import SpecError  # noqa: E402
+from ckptbench.errors import CkptbenchError, SpecError  # noqa: E402
+from ckptbench.measure import build_request, measure  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
-from ckptbench.testing import FioJob, ToolError, find_binary, run, run_fio  # noqa: E402
+from ckptbench.testing import FioJob, find_binary, run_fio  # noqa: E402
 from ckptbench.units import parse_size  # noqa: E402
 
 
 def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,
                   direct: bool, prefill: int) -> tuple[float, float]:
+    """ckptbench's save and restore throughput in bytes/s, run in process through the
+    library, as `ckptbench run` would."""
     results = directory / "ckptbench.jsonl"
     results.unlink(missing_ok=True)
-    target = directory / "ckptbench"
-    done = run([sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
-                str(target), "--scale", str(scale), "--ranks", ranks, "--block-size", str(bs),
-                "--io", "direct" if direct else "buffered", "--results", str(results),
-                "--prefill", str(prefill), "--json"], cwd=ROOT)
-    if done.returncode:
-        raise ToolError(f"ckptbench failed ({done.returncode}): {done.tail(600)}")
-    summaries = {}
-    for line in results.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "summary":
-            summaries[rec["phase"]] = rec["throughput_bytes_per_s"]
+    req = build_request(workload, str(directory / "ckptbench"), scale=scale, ranks=ranks,
+                        block_size=bs, prefill_bytes=prefill,
+                        backend_options={"io": "direct" if direct else "buffered"})
+    outcome = measure(req, results)
+    summaries = {s["phase"]: s["throughput_bytes_per_s"] for s in (outcome or {}).get("summary", [])}
     return summaries["save"], summaries["restore"]
 
 
@@ -164,7 +159,7 @@ def main() -> int:
         print(memory_state)
         try:
             rows = compare(args, base, sizes, prefill, warm)
-        except ToolError as exc:  # a tool failed: one line, no traceback
+        except CkptbenchError as exc:  # a tool or the run failed: one line, no traceback
             raise SystemExit(f"vs_fio: {exc}") from None
     print(f"{'mode':9s} {'phase':8s} {'fio GB/s':>9s} {'ckpt GB/s':>10s} {'ratio':>6s} "
           f"{'pairs':>6s}   runs (fio | ckptbench)")

@@ -51,13 +51,16 @@ the ratio of the medians, and the median of the ratios of each alternating run p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,13 +77,13 @@ from benchmarks.machine_state import (  # noqa: E402
     turns,
     warm_size,
 )
-from ckptbench.errors import SpecError  # noqa: E402
+from ckptbench.errors import CkptbenchError, SpecError  # noqa: E402
+from ckptbench.measure import build_request, measure  # noqa: E402
 from ckptbench.testing import (  # noqa: E402
     MinioServer,
     ToolError,
     WarpOptions,
     find_binary,
-    run,
     run_warp,
 )
 from ckptbench.units import parse_size  # noqa: E402
@@ -151,38 +154,61 @@ def shares(values: list[float]) -> str:
     return " ".join(f"{x:.1%}" for x in values)
 
 
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """`env` in this process's environment for a turn (boto3's credential chain reads it;
+    the forked ranks inherit it), restored after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (the forked ranks)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
                   concurrency: int, layers: int, iterations: int, multipart: bool,
-                  signed: bool, workdir: Path, extra: list[str]) -> dict[str, float]:
+                  signed: bool, workdir: Path) -> dict[str, float]:
     """ckptbench's median save and restore throughput in bytes/s, and its CPU seconds per
-    GB saved or restored (its start-up, payload generation and verification included)."""
+    GB saved or restored (payload generation and verification included), run in process
+    through the library, as `ckptbench run` would."""
     wl = workdir / "vs-warp.toml"
     wl.write_text(workload(obj_size, layers))
     results = workdir / f"ckptbench-{'multipart' if multipart else 'single'}-{time.time_ns()}.jsonl"
-    cmd = [sys.executable, "-m", "ckptbench", "run", str(wl), "--target", f"s3://{bucket}/vs-warp",
-           "--endpoint-url", endpoint, "--threads", str(concurrency),
-           "--iterations", str(iterations), "--results", str(results), "--json",
-           # The whole checkpoint's payload is generated before the clock, as the engine's
-           # rule and vs_fio have it; warp generates its data as it sends.
-           "--prefill", str(prefill_bytes(layers, concurrency, obj_size)),
-           "--s3-payload-signing", "on" if signed else "off"]
-    # One block per object: each restore is one GET of the whole object, as warp's GETs are.
-    cmd += ["--part-size", "16MiB" if multipart else str(obj_size), "--s3-concurrency", "1",
-            "--block-size", str(obj_size)]
-    cmd += extra
-    out = run(cmd, env=env, cwd=workdir)
-    if out.returncode:
-        raise ToolError(f"ckptbench failed ({out.returncode}): {out.tail(600)}")
-    summary = json.loads(out.stdout[out.stdout.index("{"):])["summary"]
+    with environment(env):
+        # One block per object: each restore is one GET of the whole object, as warp's GETs
+        # are. The whole checkpoint's payload is generated before the clock, as the engine's
+        # rule and vs_fio have it; warp generates its data as it sends.
+        req = build_request(
+            wl, f"s3://{bucket}/vs-warp", threads=concurrency, iterations=iterations,
+            block_size=obj_size, prefill_bytes=prefill_bytes(layers, concurrency, obj_size),
+            backend_options={"endpoint_url": endpoint,
+                             "payload_signing": "on" if signed else "off",
+                             "part_size": 16 << 20 if multipart else obj_size,
+                             "concurrency": 1})
+        cpu0 = cpu_seconds()
+        outcome = measure(req, results)
+        cpu = cpu_seconds() - cpu0
+    summary = outcome["summary"] if outcome else []
     moved = sum(float(s["bytes"]) * s["iterations"] for s in summary)
     return {**{s["phase"]: float(s["throughput_bytes_per_s"]) for s in summary},
-            "cpu_per_gb": out.cpu_seconds / max(1e-9, moved / 1e9)}
+            "cpu_per_gb": cpu / max(1e-9, moved / 1e9)}
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         return compare(argv)
-    except ToolError as exc:  # a tool missing or failed: one line, no traceback
+    except CkptbenchError as exc:  # a tool missing or failed, or the run: one line
         raise SystemExit(f"vs_warp: {exc}") from None
 
 
@@ -208,7 +234,6 @@ def compare(argv: list[str] | None) -> int:
                     "[default: 0, none: see above]")
     add_reporting_option(ap)
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
-    ap.add_argument("ckptbench_args", nargs="*", help="extra `ckptbench run` options (after --)")
     a = ap.parse_args(argv)
     try:
         obj_size = parse_size(a.obj_size, "--obj-size")
@@ -273,7 +298,7 @@ def compare(argv: list[str] | None) -> int:
                               f"{shares(r['steal_warp'][-1:])})", file=sys.stderr, flush=True)
                         continue
                     ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, layers,
-                                       a.iterations, mp, signed, workdir, a.ckptbench_args)
+                                       a.iterations, mp, signed, workdir)
                     r["save"].append(ck["save"])
                     r["restore"].append(ck["restore"])
                     r["cpu_ckptbench"].append(ck["cpu_per_gb"])

@@ -8,13 +8,48 @@ memory (the results file is written once and never read back).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ckptbench.backends import BackendOptions, IOHints, open_backend
+from ckptbench.formats import check_format
+from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, view
-from ckptbench.runner import Launcher, RunRequest, run_session
+from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
+from ckptbench.spec import load_workload, parse_ranks, scaled
+
+
+def build_request(workload: str | Path, target: str, *, scale: int = 1,
+                  ranks: str | list[int] | None = None,
+                  backend_options: BackendOptions | Mapping[str, Any] | None = None,
+                  restore_shift: int | None = None, **options: Any) -> RunRequest:
+    """A run request as `ckptbench run` builds it: the workload file (full size), scaled by
+    `scale`, the plan ranks to run ('0-7' or a list; default all), the target's backend with
+    its options (typed, or option names -> values) and the runner's I/O hints, and any
+    RunOptions field (iterations, threads, block_size, format, codec, ...). Every check the
+    CLI makes happens here (one-line errors)."""
+    full = load_workload(workload)
+    run_workload = scaled(full, scale)
+    plan = build_plan(run_workload)
+    if isinstance(ranks, str):
+        selected = parse_ranks(ranks, plan.world_size)
+    else:
+        selected = list(ranks) if ranks is not None else list(range(plan.world_size))
+    fmt = options.get("format", "raw")
+    codec = check_format(fmt, options.get("codec", "none"), plan, selected)
+    options.update(codec=codec.text() if fmt == "zarr" else "none")
+    options.setdefault("threads", run_workload.checkpoint.threads)
+    options.setdefault("run_id", new_run_id())
+    run_options = RunOptions(restore_shift=restore_shift or 0, **options)
+    ck = run_workload.checkpoint
+    hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
+                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
+    return RunRequest(workload=full, plan=plan, ranks=selected,
+                      backend=open_backend(target, backend_options, hints),
+                      options=run_options, scale=scale,
+                      restore_shift_auto=restore_shift is None)
 
 
 def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = None,
