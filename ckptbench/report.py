@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
@@ -150,15 +151,40 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# What the report shows of summary and error records (summarize() writes them all).
+_SHOWN_FIELDS = {
+    "summary": ("phase", "iterations", "bytes", "throughput_bytes_per_s", "throughput_min",
+                "throughput_max", "rank_throughput_min_bytes_per_s", "slowest_rank_seconds_max",
+                "first_to_last_gap_s_median", "latency", "cache"),
+    "error": ("phase", "iteration", "message"),
+}
+
+
 def load(path: str) -> dict[str, Any]:
-    """A results file as {run, iterations, summary, errors}."""
+    """A results file as {run, iterations, summary, errors}.
+
+    A file that is empty, whose records lack what the statistics need, or that holds
+    neither a summary nor an error (its run was killed before it ended) is refused with
+    one line: an empty table would read as success.
+    """
     records = list(read_records(path))
+    if not records:
+        raise CkptbenchError(f"{path}: empty; allowed: a results file of `ckptbench run`")
     run = next((r for r in records if r.get("type") == "run"), {})
-    summary = [r for r in records if r.get("type") == "summary"] or summarize(records)
-    return {
-        "path": str(path),
-        "run": run,
-        "iterations": iteration_stats(records),
-        "summary": summary,
-        "errors": [r for r in records if r.get("type") == "error"],
-    }
+    try:
+        summary = [r for r in records if r.get("type") == "summary"] or summarize(records)
+        iterations = iteration_stats(records)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CkptbenchError(f"{path}: a record lacks a valid field ({type(exc).__name__}: {exc});"
+                             " not a results file of `ckptbench run`") from None
+    errors = [r for r in records if r.get("type") == "error"]
+    for r in summary + errors:
+        missing = [k for k in _SHOWN_FIELDS[r["type"]] if k not in r]
+        if missing:
+            raise CkptbenchError(f"{path}: a {r['type']} record lacks {', '.join(missing)};"
+                                 " not a results file of `ckptbench run`")
+    if not summary and not errors:
+        raise CkptbenchError(f"{path}: the run is incomplete: no summary and no error record "
+                             "(was it or one of its ranks killed?)")
+    return {"path": str(path), "run": run, "iterations": iterations, "summary": summary,
+            "errors": errors}
