@@ -541,13 +541,15 @@ def summaries_from_results(path: str | Path) -> dict[str, dict[str, Any]]:
         raise SpecError(f"--results {path}: no such file") from None
     except OSError as exc:
         raise SpecError(f"--results {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"--results {path}: not UTF-8 text; allowed: a results file of `ckptbench run`") from None
     found: dict[str, dict[str, Any]] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise SpecError(f"--results {path}:{number}: not a JSON line") from None
         if isinstance(record, dict) and record.get("type") == "summary":
             phase = record.get("phase")
@@ -564,7 +566,7 @@ def workload_from_results(path: str | Path) -> Workload | None:
     try:
         with Path(path).open() as f:
             first = json.loads(f.readline() or "{}")
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON
         return None
     data = first.get("workload") if isinstance(first, dict) and first.get("type") == "run" else None
     if not isinstance(data, dict):

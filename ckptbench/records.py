@@ -235,6 +235,13 @@ class JsonlSink:
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # e.g. ./results is a regular file
+            raise CkptbenchError(f"{self.path.parent}: not a directory (results files go in it); "
+                                 "allowed: a directory, or choose another --results path") from None
+        except OSError as exc:
+            raise CkptbenchError(f"{self.path.parent}: cannot create the results directory "
+                                 f"({exc.strerror})") from None
+        try:
             self._f = open(self.path, "x")  # noqa: SIM115 - lives as long as the sink
         except FileExistsError:
             raise CkptbenchError(f"{self.path}: results file exists (never overwritten); "
@@ -268,21 +275,34 @@ class JsonlSink:
             self._f = None
 
 
+_JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", bool: "a boolean",
+               int: "a number", float: "a number"}
+
+
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file; a line that is not UTF-8 JSON holding an object
+    is one error naming the file and line (garbage, `[1,2]` and `null` included)."""
     from ckptbench.errors import CkptbenchError
 
     try:
-        f = open(path)  # noqa: SIM115 - closed by the with below
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except OSError as exc:
         raise CkptbenchError(f"{path}: cannot read results ({exc.strerror})") from None
+    first = True
     with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CkptbenchError(f"{path}:{n}: not UTF-8 text (not a ckptbench results file)") from None
+            except (json.JSONDecodeError, RecursionError):  # nesting too deep is garbage too
                 raise CkptbenchError(f"{path}:{n}: not a JSON line") from None
-            if n == 1 and record.get("schema") != SCHEMA:
+            if not isinstance(record, dict):
+                kind = _JSON_KINDS.get(type(record), "a value")
+                raise CkptbenchError(f"{path}:{n}: {kind}, not a record; allowed: one JSON object per line")
+            if first and record.get("schema") != SCHEMA:
                 raise CkptbenchError(f"{path}: not a ckptbench results file (schema {SCHEMA} expected)")
+            first = False
             yield record

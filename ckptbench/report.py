@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
@@ -150,9 +151,39 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# What the report shows of summary and error records (summarize() writes them all).
+_SHOWN_FIELDS = {
+    "summary": ("phase", "iterations", "bytes", "throughput_bytes_per_s", "throughput_min",
+                "throughput_max", "rank_throughput_min_bytes_per_s", "slowest_rank_seconds_max",
+                "first_to_last_gap_s_median", "latency", "cache"),
+    "error": ("phase", "iteration", "message"),
+}
+
+
 def load(path: str) -> dict[str, Any]:
-    """A results file as {run, iterations, summary, errors}."""
-    return view(list(read_records(path)), path)
+    """A results file as {run, iterations, summary, errors}.
+
+    A file that is empty, whose records lack what the statistics need, or that holds
+    neither a summary nor an error (its run was killed before it ended) is refused with
+    one line: an empty table would read as success.
+    """
+    records = list(read_records(path))
+    if not records:
+        raise CkptbenchError(f"{path}: empty; allowed: a results file of `ckptbench run`")
+    try:
+        loaded = view(records, path)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CkptbenchError(f"{path}: a record lacks a valid field ({type(exc).__name__}: {exc});"
+                             " not a results file of `ckptbench run`") from None
+    for r in loaded["summary"] + loaded["errors"]:
+        missing = [k for k in _SHOWN_FIELDS[r["type"]] if k not in r]
+        if missing:
+            raise CkptbenchError(f"{path}: a {r['type']} record lacks {', '.join(missing)};"
+                                 " not a results file of `ckptbench run`")
+    if not loaded["summary"] and not loaded["errors"]:
+        raise CkptbenchError(f"{path}: the run is incomplete: no summary and no error record "
+                             "(was it or one of its ranks killed?)")
+    return loaded
 
 
 def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:

@@ -7,6 +7,9 @@ processes or clocks. Every validation error names the TOML key and what is allow
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -21,6 +24,19 @@ LAYOUTS = ("fsdp2", "megatron-deepspeed")
 FILE_GROUPINGS = ("dcp", "per-chunk", "per-rank", "shared", "megatron")
 STRIPE_ALIGN = 4096  # stripe_size must be a multiple: shared-file regions stay O_DIRECT-aligned
 OPTIMIZERS = ("adamw", "none")
+
+# A workload name becomes part of a file name (results/<name>-<run id>.jsonl): a plain
+# file-name-safe word, never a path.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+NAME_ALLOWED = "1-128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
+# Workload files are small TOML tables; anything bigger (or not a regular file: a FIFO,
+# /dev/zero) is a mistake that must not block or fill memory.
+MAX_WORKLOAD_FILE_BYTES = 1 << 20
+# Upper bounds that keep planning to seconds (the Llama 3 cluster is 16,384 ranks and the
+# largest real models have ~130 layers); ckptbench.plan.bounds bounds their product.
+MAX_WORLD_SIZE = 1 << 20
+MAX_LAYERS = 4096
+MAX_FILE_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -153,7 +169,7 @@ def _check_keys(table: Mapping[str, Any], section: str) -> None:
 
 
 def _int(table: Mapping[str, Any], section: str, key: str, default: int | None = None,
-         minimum: int = 1) -> int:
+         minimum: int = 1, maximum: int | None = None) -> int:
     value = table.get(key, default)
     if value is None:
         raise SpecError(f"[{section}] {key} is required (an integer >= {minimum})")
@@ -161,6 +177,24 @@ def _int(table: Mapping[str, Any], section: str, key: str, default: int | None =
         raise SpecError(f"[{section}] {key} = {value!r} must be an integer >= {minimum}")
     if value < minimum:
         raise SpecError(f"[{section}] {key} = {value} must be an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"[{section}] {key} = {value} is too large; allowed: {minimum} to {maximum:,}")
+    return value
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """repr() of a value for an error line, cut short (names can be long or binary)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _workload_name(meta: Mapping[str, Any], default: str) -> str:
+    """[workload] name, or the file's stem: it names the results file, so never a path."""
+    if "name" not in meta:
+        return default
+    value = meta["name"]
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise SpecError(f"[workload] name = {_shown(value)} is not allowed; allowed: {NAME_ALLOWED}")
     return value
 
 
@@ -186,11 +220,13 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
             if key not in table:
                 raise SpecError(f"[model] {key} is required for a custom model (an integer >= 1)")
     minimums = {"head_dim": 0, "experts": 0, "moe_ffn_dim": 0, "shared_experts": 0}
+    maximums = {"layers": MAX_LAYERS}
     values: dict[str, int] = {}
     for key in _MODEL_INT_KEYS:
         if key in table or key in base:
             source = table if key in table else base
-            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1))
+            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1),
+                               maximum=maximums.get(key))
     spec = ModelSpec(name=name, **values)
     if spec.head_dim == 0 and spec.dim % spec.heads:
         raise SpecError(f"[model] heads = {spec.heads} must divide dim = {spec.dim} (or give head_dim)")
@@ -204,7 +240,7 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
 def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
     _check_keys(table, "parallel")
     spec = ParallelSpec(
-        world_size=_int(table, "parallel", "world_size", 1),
+        world_size=_int(table, "parallel", "world_size", 1, maximum=MAX_WORLD_SIZE),
         layout=_choice(table, "parallel", "layout", LAYOUTS, "fsdp2"),
         tp=_int(table, "parallel", "tp", 1),
         pp=_int(table, "parallel", "pp", 1),
@@ -273,7 +309,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     default_files = "megatron" if parallel.layout == "megatron-deepspeed" else "dcp"
     checkpoint = CheckpointSpec(
         files=_choice(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
-        threads=_int(ckpt_table, "checkpoint", "threads", 1),
+        threads=_int(ckpt_table, "checkpoint", "threads", 1, maximum=MAX_FILE_THREADS),
         stripe_size=_int(ckpt_table, "checkpoint", "stripe_size", 1 << 20, minimum=STRIPE_ALIGN),
         stripe_count=_int(ckpt_table, "checkpoint", "stripe_count", 0, minimum=-1),
     )
@@ -288,7 +324,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
             f" allowed: {'megatron' if parallel.layout == 'megatron-deepspeed' else 'dcp, per-chunk, per-rank, shared'}"
         )
     return Workload(
-        name=str(meta.get("name", name)),
+        name=_workload_name(meta, name),
         description=str(meta.get("description", "")),
         model=model,
         state=state,
@@ -300,12 +336,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such workload file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    text = _read_workload_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -314,6 +345,45 @@ def load_workload(path: str | Path) -> Workload:
         return parse_workload(data, name=path.stem)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _read_workload_text(path: Path) -> str:
+    """The text of a regular, UTF-8 file of at most MAX_WORKLOAD_FILE_BYTES.
+
+    O_NONBLOCK keeps the open of a FIFO from waiting for a writer; the kind is then
+    checked on the open descriptor (no race with a rename), and at most one byte more
+    than the limit is read (a file that grows, or /proc, cannot fill memory).
+    """
+    allowed = f"allowed: a UTF-8 TOML workload file of at most {MAX_WORKLOAD_FILE_BYTES:,} bytes"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such workload file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise SpecError(f"{path}: is {kind}, not a regular file; {allowed}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_WORKLOAD_FILE_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_WORKLOAD_FILE_BYTES:,} bytes; {allowed}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}); "
+                        f"{allowed}") from None
 
 
 def scaled(workload: Workload, factor: int) -> Workload:

@@ -184,10 +184,16 @@ class LocalBackend(Backend):
             raise BackendError(f"target {root} is not a directory; allowed: a new or empty directory")
         if not root.exists():
             try:
-                root.mkdir(parents=True)
+                root.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise os_error(root.parent, exc) from None
+            try:
+                root.mkdir()
+                self.created_root = True
+            except FileExistsError:
+                pass  # another run created it just now: checked below like any existing target
             except OSError as exc:
                 raise os_error(root, exc) from None
-            self.created_root = True
         marker = root / TARGET_MARKER
         try:
             entries = [e for e in os.listdir(root) if e != TARGET_MARKER]
@@ -197,7 +203,10 @@ class LocalBackend(Backend):
             if entries:
                 raise foreign_target_error(str(root), sorted(entries)[0])
             try:
-                marker.write_bytes(marker_bytes())
+                with open(marker, "xb") as f:
+                    f.write(marker_bytes())
+            except FileExistsError:
+                pass  # another run marked this empty directory at the same moment
             except OSError as exc:
                 self._undo_root()
                 raise os_error(root, exc) from None

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ckptbench import cadence
+from ckptbench.cli.output_file import check_output_path, write_output_file
 from ckptbench.errors import SpecError
 from ckptbench.spec import load_workload
 from ckptbench.units import format_duration, parse_duration, parse_fraction, parse_rate, parse_size
@@ -98,7 +99,8 @@ def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | 
 @click.option("--target-goodput", default="95%", show_default=True,
               help="Inverse question: the save time and bandwidth that reach this goodput.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of goodput against interval, optimum marked.")
+              help="Write a PNG of goodput against interval, optimum marked (a new .png file).")
+@click.option("--force", is_flag=True, help="With --plot: replace a file or link at that path.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def cadence_command(results: Path | None, workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
@@ -107,12 +109,14 @@ def cadence_command(results: Path | None, workload_path: str | None,
                     blocking_seconds: str | None, mtbf: str | None, failure_preset: str | None,
                     components: tuple[str, ...], interval: str | None,
                     gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
-                    as_json: bool) -> None:
+                    force: bool, as_json: bool) -> None:
     """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
 
     C and R come from a results file scaled to the target job, or are given
     directly; the job MTBF is given, or computed from a preset or component rates.
     """
+    if plot is not None:
+        check_output_path(plot, "--plot", ".png", force)
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus = {gpus} must be an integer >= 1")
     if gpus_per_node < 1:
@@ -182,7 +186,7 @@ def cadence_command(results: Path | None, workload_path: str | None,
         ),
     }
     if plot is not None:
-        _plot(plot, report)
+        _plot(plot, report, force)
     if as_json:
         payload = {
             "cost": asdict(cost),
@@ -273,8 +277,9 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
         console.print(f"plot written to {plot}")
 
 
-def _plot(path: Path, report: cadence.CadenceReport) -> None:
-    """Goodput against interval on a log axis, the optimum and the user's interval marked."""
+def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
+    """Goodput against interval on a log axis, the optimum and the user's interval marked;
+    written to a new file (or, with `force`, replacing what is at `path`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,9 +310,8 @@ def _plot(path: Path, report: cadence.CadenceReport) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")
     try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    except OSError as exc:
-        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
+        write_output_file(path, "--plot", force,
+                          lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
     finally:
         plt.close(fig)
 
