@@ -412,8 +412,8 @@ def scaled(workload: Workload, factor: int) -> Workload:
 def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:
     """'0-7', '0,3', '0-3,8' -> sorted ranks; each must be < world_size."""
     ranks: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
+    for piece in text.split(","):
+        part = piece.strip()
         try:
             if "-" in part:
                 lo_s, hi_s = part.split("-", 1)

@@ -131,7 +131,7 @@ def test_table_output(run, tmp_path) -> None:
 
 def test_plot(run, tmp_path) -> None:
     path = tmp_path / "goodput.png"
-    rc, out, err = run(*DALY, "--mtbf", "6h", "--interval", "2h", "--plot", str(path))
+    rc, _out, err = run(*DALY, "--mtbf", "6h", "--interval", "2h", "--plot", str(path))
     assert rc == 0, err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000

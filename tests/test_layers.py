@@ -107,7 +107,7 @@ def test_no_import_cycle() -> None:
         stack.append(m)
         for t in sorted(RUNTIME[m]):
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
+                cycle = [*stack[stack.index(t):], t]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if t not in state:
                 visit(t)

@@ -174,7 +174,7 @@ class FsspecBackend(Backend):
             raise
         except FileNotFoundError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every store's failures become one line
+        except Exception as exc:
             raise BackendError(f"{self.target}: {action}: {_reason(exc)}") from None
 
     def _mkdirs(self, path: str) -> None:

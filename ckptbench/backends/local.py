@@ -273,7 +273,7 @@ class LocalBackend(Backend):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 view = memoryview(data)
-                while len(view):
+                while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:

@@ -59,7 +59,7 @@ class RawFormat(FormatBase):
                     hasher.update(off, buf[:n])
                     ring.put((j, off, i, n, padded))
                 res.digests[job.index] = hasher.digests()
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             res.error = exc
             ring.stop()
         finally:
@@ -99,7 +99,7 @@ class RawFormat(FormatBase):
                     res.op("open", job.index, 0, t0, now())
                 if i is None:
                     continue
-                view = memoryview(ring.buffers[i])[:padded]  # type: ignore[arg-type]
+                view = memoryview(ring.buffers[i])[:padded]
                 t0 = now()
                 handle.write(view)
                 t1 = now()
@@ -109,7 +109,7 @@ class RawFormat(FormatBase):
             if handle is not None and res.error is None:
                 finish()
                 handle = None
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             ring.stop()
             if handle is not None:
@@ -123,7 +123,7 @@ class RawFormat(FormatBase):
         try:
             for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
                 self.backend.create_shared(key, size)
-        except BaseException as exc:  # noqa: BLE001 - raised after the barrier all take
+        except BaseException as exc:
             return exc
         return None
 
@@ -186,7 +186,7 @@ class RawFormat(FormatBase):
                     t0 = now()
                     handle.close()
                     res.op("close", job.index, 0, t0, now())
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
             ring.stop()
         finally:
@@ -212,7 +212,7 @@ class RawFormat(FormatBase):
                 for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
                     if got_d != want_d:
                         res.mismatches.append(self._locate(job, region))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             res.error = res.error or exc
             ring.stop()
 

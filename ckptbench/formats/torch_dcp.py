@@ -52,7 +52,7 @@ DCP_DIR = "dcp"
 def _import_torch() -> Any:
     try:
         import torch
-        import torch.distributed.checkpoint  # noqa: F401
+        import torch.distributed.checkpoint
     except ImportError as exc:
         raise SpecError(f"--format torch-dcp needs torch ({exc}); install it with "
                         "pip install 'ckptbench[torch]'; allowed without it: --format raw, zarr"
@@ -254,7 +254,7 @@ class TorchDcpFormat(FormatBase):
             with warnings.catch_warnings():  # object stores: the completed PUT is the sync
                 warnings.filterwarnings("ignore", message="fsync not supported")
                 dcp.save(state, storage_writer=writer, planner=planner)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
         t1 = now()
         res.op("dcp_save", jobs[0].index, total, t0, t1, {"object": f"{DCP_DIR}/"})
@@ -282,7 +282,7 @@ class TorchDcpFormat(FormatBase):
         a = now()
         try:
             dcp.load(state, storage_reader=self._reader(ckpt), planner=planner)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
         b = now()
         res.op("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"})

@@ -9,6 +9,8 @@ picks the writer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ckptbench.models import TensorDef, model_tensors
@@ -54,7 +56,7 @@ class _Items:
         self.holders.append(holders)
 
 
-def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh):
+def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh) -> Any:
     """Distinct pieces of one parameter over its stage, and which ranks hold each."""
     p = w.parallel
     splits = ep_splits(t, p.ep, mesh.shard) + tp_splits(t, p.tp, mesh.tp)
@@ -80,7 +82,7 @@ def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh):
 
 
 def _add_entry(items: _Items, keys: list[StateKey], entry: StateEntry, t: TensorDef,
-               geometry: tuple, mesh: StageMesh) -> None:
+               geometry: tuple[Any, ...], mesh: StageMesh) -> None:
     ndim = 0 if entry.scalar else len(t.shape)
     keys.append(StateKey(entry.name, entry.dtype, () if entry.scalar else t.shape))
     kid = len(keys) - 1
@@ -102,7 +104,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
     keys: list[StateKey] = []
     # Model entries of every parameter first, then optimizer entries, so that sorting a
     # rank's items by key id gives DCP's flattening order.
-    geometries: list[tuple[TensorDef, StageMesh, tuple]] = []
+    geometries: list[tuple[TensorDef, StageMesh, tuple[Any, ...]]] = []
     for stage, tensors in enumerate(by_stage):
         mesh = stage_mesh(p, stage)
         for t in tensors:
@@ -199,4 +201,5 @@ def _gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
     out_ptr = np.concatenate([[0], np.cumsum(lengths)])
     idx = np.arange(total, dtype=np.int64)
     seg = np.repeat(np.arange(len(order)), lengths)
-    return starts[seg] + (idx - out_ptr[seg])
+    out: np.ndarray = starts[seg] + (idx - out_ptr[seg])
+    return out

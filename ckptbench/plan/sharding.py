@@ -49,4 +49,5 @@ def numel(sizes: np.ndarray, ndim: int) -> np.ndarray:
     """Elements per row of a sizes array, counting only the tensor's real dimensions."""
     if ndim == 0:
         return np.ones(len(sizes), dtype=np.int64)
-    return np.prod(sizes[:, :ndim], axis=1)
+    out: np.ndarray = np.prod(sizes[:, :ndim], axis=1)
+    return out

@@ -135,7 +135,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         try:
             results = fmt.save(jobs)
             err = first_error(results)
-        except BaseException as exc:  # noqa: BLE001 - decided together below
+        except BaseException as exc:
             results, err = [], exc
         gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
         decision: dict[str, Any] = {"ok": True}
@@ -166,7 +166,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             try:
                 rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 rresults, rerr = [], exc
             mine = _report(rresults, rjobs, comm, rerr, backend.stats())
             if manifest_t is not None:
@@ -217,7 +217,7 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             t0 = now()
             backend.put_atomic(manifest_key, json.dumps(manifest).encode())
             commit = (t0, now())
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             failure = describe_error(exc)
     if commit:
         records.append(OpRecord(it, "save", 0, -1, "commit", manifest_key.rsplit("/", 1)[-1], 0,

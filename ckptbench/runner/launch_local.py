@@ -78,7 +78,7 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
         if index == 0:
             errors.put((exc.kind, str(exc)))
         code = exc.exit_code
-    except BaseException as exc:  # noqa: BLE001 - reported, then the group is stopped
+    except BaseException as exc:
         errors.put(describe_error(exc))
         comm.abort()
         code = 1

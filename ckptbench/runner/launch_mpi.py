@@ -198,7 +198,8 @@ class MPIComm(Comm):
         table = self.bcast(table)
         if apply:
             self._offset = next(n["clock_offset_ns"] for n in table if n["host"] == self._host)
-        return table
+        nodes: list[dict[str, Any]] = table
+        return nodes
 
 
 class MPILauncher(Launcher):
@@ -273,7 +274,7 @@ class MPILauncher(Launcher):
                            scaled)
         except RunFailed:
             raise
-        except BaseException as exc:  # noqa: BLE001 - not a collective decision: stop all
+        except BaseException as exc:
             _die(comm, exc)
             raise
 

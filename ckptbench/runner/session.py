@@ -175,7 +175,7 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology,
                 striping = striping_record(backend, req.plan, run_id)
                 if multi_node:
                     backend.put_atomic(probe, topo.hosts[0].encode())
-            except BaseException as exc:  # noqa: BLE001 - agreed on below
+            except BaseException as exc:
                 error = exc
         launcher.agree(error, "preparing the target")
         if launcher.prepares_everywhere and not launcher.root:
@@ -186,7 +186,7 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology,
                         f"target {backend.target} is not shared with {topo.hosts[0]} (rank 0 "
                         "wrote a file there that this node does not see); allowed: a file "
                         "system or object store every node reaches")
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 error = exc
         launcher.agree(error, "checking the target")
     except BaseException:

@@ -38,7 +38,7 @@ _skip_without_mpi = pytest.mark.skipif(MPIRUN is None or not HAVE_MPI4PY,
                                        reason="needs mpirun and mpi4py")
 
 
-def needs_mpi(test):  # noqa: ANN001, ANN201 - a pytest decorator
+def needs_mpi(test):
     return pytest.mark.mpi(_skip_without_mpi(test))
 
 
@@ -236,7 +236,7 @@ def test_explicit_restore_shift_is_recorded_as_given(tmp_path):
 
 @needs_mpi
 def test_more_processes_than_plan_ranks_is_one_line_from_rank_0(tmp_path):
-    r, elapsed = mpirun(8, str(TINY), "--target", str(tmp_path / "t"))
+    r, _elapsed = mpirun(8, str(TINY), "--target", str(tmp_path / "t"))
     assert r.returncode == 2
     lines = [x for x in r.stderr.splitlines() if x.startswith("ckptbench: error:")]
     assert lines == ["ckptbench: error: the MPI launcher started 8 processes but the run has "

@@ -81,7 +81,7 @@ class S3Backend(Backend):
             yield
         except BackendError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+        except Exception as exc:
             if not (is_boto_error(exc) or is_connection_error(exc)):
                 raise
             if is_connection_error(exc):

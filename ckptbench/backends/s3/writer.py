@@ -138,7 +138,7 @@ class S3Writer(WriteHandle):
             done: Future[dict[str, Any]] = Future()
             try:
                 done.set_result(self._upload_part(number, body, n, pooled))
-            except BaseException as exc:  # noqa: BLE001 - raised where a pool's would be
+            except BaseException as exc:
                 done.set_exception(exc)
             self.pending.add(done)
             return done

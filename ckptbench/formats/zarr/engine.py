@@ -188,7 +188,7 @@ class ZarrFormat(FormatBase):
                 data, d = self._generate(t, buf)
                 digests[(t.job.index, t.region)] = d
                 feed.put((t, data, buf))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             res.error = exc
             feed.stop()
         finally:
@@ -228,7 +228,7 @@ class ZarrFormat(FormatBase):
                 for f in futures:
                     f.add_done_callback(done)
                 pending = _still_running(pending + futures)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
         _settle(pending, feed, res)
@@ -331,7 +331,7 @@ class ZarrFormat(FormatBase):
                     break
                 pending = _still_running(
                     [*pending, self.pool.submit(self._read_chunk, t, ckpt, feed, res)])
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
         _settle(pending, feed, res)
@@ -349,7 +349,7 @@ class ZarrFormat(FormatBase):
                 if len(got) != t.nbytes or digest(got) != want:
                     res.mismatches.append(self._describe_mismatch(t, got, ckpt))
                 feed.release(t.nbytes)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
 
