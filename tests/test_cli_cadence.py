@@ -133,6 +133,9 @@ def test_given_restore_keeps_its_meaning(run, tmp_path) -> None:
     payload = _json(run, *DALY, "--mtbf", "4h", "--restart-overhead", "1min")
     assert payload["cost"]["restore_s"] == 660.0
     assert payload["job_model"] is None
+    payload = _json(run, "--results", _results_file(tmp_path, "zero.jsonl"), "--checkpoint-size",
+                    "2TB", "--gpus", "2048", "--mtbf", "4h", "--restart-overhead", "0s")
+    assert payload["cost"]["restore_s"] == pytest.approx(2e12 / (8e9 * 256))  # 0 is allowed
 
 
 def test_a_run_that_cannot_stand_for_the_job_is_refused(run, tmp_path) -> None:

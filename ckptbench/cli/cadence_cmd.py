@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,32 @@ def _target_plan(workload_path: str | None, size: str | None,
     return float(plan.total_bytes), workload, plan
 
 
+def _restart_overhead(text: str) -> float:
+    """--restart-overhead: a duration, or 0 (restarts cost nothing beyond the restore)."""
+    if re.fullmatch(r"\s*0*\.?0*\s*(ms|s|min|h|d)?\s*", text) and re.search(r"0", text):
+        return 0.0
+    return parse_duration(text, "--restart-overhead", "s")
+
+
+def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
+               checkpoint_bytes: float | None, gpus: int | None, gpus_per_node: int,
+               ceiling: float | None, workload_path: str | None, restart: float | None,
+               need_restore: bool, force: bool) -> jobmodel.JobEstimate:
+    """The whole job's C and R from the run whose ranks per node match the target's."""
+    if checkpoint_bytes is None:
+        raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
+    if gpus is None:
+        raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
+    target = jobmodel.from_plan(plan, gpus_per_node, gpus, ceiling, workload_path) \
+        if plan is not None else \
+        jobmodel.uniform("checkpoint", checkpoint_bytes, gpus, gpus_per_node, ceiling)
+    return jobmodel.estimate(
+        jobmodel.choose(measured, target.ranks_per_node), target,
+        restart_overhead_s=cadence.DEFAULT_RESTART_OVERHEAD_S if restart is None else restart,
+        restart_source=cadence.RESTART_OVERHEAD_SOURCE if restart is None else "given",
+        need_restore=need_restore, force=force)
+
+
 @click.command("cadence", epilog=_preset_epilog())
 @click.option("--results", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Results file of `ckptbench run` or sweep file of `ckptbench sweep`, scaled to "
@@ -159,23 +186,13 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
         gpus = workload.parallel.world_size
     ceiling = parse_rate(aggregate_bandwidth, "--aggregate-bandwidth") \
         if aggregate_bandwidth else None
-    restart = parse_duration(restart_overhead, "--restart-overhead", "s") if restart_overhead \
-        else None
+    restart = _restart_overhead(restart_overhead) if restart_overhead else None
 
     job = None
     if measured and (save_seconds is None or restore_seconds is None):
-        if checkpoint_bytes is None:
-            raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
-        if gpus is None:
-            raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
-        job_target = jobmodel.from_plan(plan, gpus_per_node, gpus, ceiling, workload_path) \
-            if plan is not None else \
-            jobmodel.uniform("checkpoint", checkpoint_bytes, gpus, gpus_per_node, ceiling)
-        job = jobmodel.estimate(
-            jobmodel.choose(measured, gpus_per_node), job_target,
-            restart_overhead_s=cadence.DEFAULT_RESTART_OVERHEAD_S if restart is None else restart,
-            restart_source=cadence.RESTART_OVERHEAD_SOURCE if restart is None else "given",
-            need_restore=restore_seconds is None, force=force)
+        job = _job_model(measured, plan, checkpoint_bytes, gpus, gpus_per_node, ceiling,
+                         workload_path, restart, need_restore=restore_seconds is None,
+                         force=force)
     save_s = parse_duration(save_seconds, "--save-seconds", "s") if save_seconds else (
         job.save_s if job else None)
     restore_s = parse_duration(restore_seconds, "--restore-seconds", "s") + (restart or 0.0) \
@@ -319,7 +336,7 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
     for p in (job.save, job.restore):
         if p is None:
             continue
-        line = (f"  {p.phase}: per node {cadence.format_bandwidth(p.node_bandwidth)} (median,"
+        line = (f"  {p.phase}: per node {cadence.format_bandwidth(p.node_bandwidth)} (fit median,"
                 f" sigma {p.spread_sigma:.3g}, {p.samples} samples); median node"
                 f" {p.median_node_s:.3g} s, slowest of {t.nodes:,} nodes {p.slowest_node_s:.3g} s")
         if p.ceiling_s is not None:

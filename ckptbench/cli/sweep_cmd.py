@@ -83,7 +83,7 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
     ax.plot(ks, save, "o-", label="save")
     if all(p.restore_node_bytes_per_s for p in points):
         ax.plot(ks, [(p.restore_node_bytes_per_s or 0) / 1e9 for p in points], "s-", label="restore")
-    ax.plot(ks, [save[0] * k / ks[0] for k in ks], "k:", label="linear from the first point")
+    ax.plot(ks, [save[0] * k / ks[0] for k in ks], "k:", label="save, linear from the first point")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("ranks per node")
@@ -140,13 +140,13 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
                                    payload=payload, cache=cache)
     if threads:
         options["threads"] = threads
-    err = Console(stderr=True)
     points: list[jobmodel.SweepPoint] = []
     for k in ks:
         name = f"{full.name}-rpn{k}.jsonl"
         req = build_request(workload, target, scale=scale, ranks=list(range(k)),
                             backend_options=backend, run_id=f"{new_run_id()}-rpn{k}", **options)
-        err.print(f"{full.name}: {k} rank(s) per node, {iterations} iteration(s) -> {out / name}")
+        click.echo(f"{full.name}: {k} rank(s) per node, {iterations} iteration(s) -> {out / name}",
+                   err=True)
         measure(req, out / name)
         points.append(jobmodel.SweepPoint.of(jobmodel.read_results(out / name, "sweep"), name))
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,

@@ -151,9 +151,9 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
     restore = _phase(records, "restore", caches.get("restore"))
     run = loaded["run"]
     plan = run.get("plan") or {}
-    ranks_run = run.get("ranks") or sorted({s.ranks for s in save.samples})
-    per_rank = [r["bytes"] for r in records if r.get("type") == "rank" and r.get("phase") == "save"
-                and r.get("iteration") == save.samples[0].iteration]
+    first = [r for r in records if r.get("type") == "rank" and r.get("phase") == "save"
+             and r.get("iteration") == save.samples[0].iteration]
+    ranks_run = run.get("ranks") or sorted(r["rank"] for r in first)
     files, chunks, total = plan.get("files"), plan.get("chunks"), plan.get("total_bytes")
     options = run.get("options") or {}
     workload = workload_of(run)
@@ -165,7 +165,7 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
         ranks=tuple(int(r) for r in ranks_run),
         nodes=len({s.host for s in save.samples}),
         ranks_per_node=max(s.ranks for s in save.samples),
-        bytes_per_rank=statistics.fmean(per_rank),
+        bytes_per_rank=statistics.fmean(r["bytes"] for r in first),
         file_bytes=total / files if total and files else None,
         chunk_bytes=total / chunks if total and chunks else None,
         block_size=options.get("block_size"),

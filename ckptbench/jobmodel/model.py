@@ -19,6 +19,7 @@ The model, every step of which is printed with the answer:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ class PhaseEstimate:
     """One phase (save or restore) of the whole job, and how it was arrived at."""
 
     phase: str
-    node_bandwidth: float  # median measured per-node bytes/s
+    node_bandwidth: float  # the fit's median per-node bytes/s (geometric mean of the samples)
     spread_sigma: float  # sd of ln(seconds per byte) over the samples
     samples: int
     median_node_s: float  # a median node writing the target's mean node bytes
@@ -94,10 +95,10 @@ class JobEstimate:
         def phase(p: PhaseMeasurement | None) -> dict[str, Any] | None:
             if p is None:
                 return None
-            rates = sorted(p.node_throughputs)
+            rates = p.node_throughputs
             return {"iterations": p.iterations, "node_samples": len(p.samples),
-                    "node_bytes_per_s": {"min": rates[0], "median": rates[len(rates) // 2],
-                                         "max": rates[-1]},
+                    "node_bytes_per_s": {"min": min(rates), "median": statistics.median(rates),
+                                         "max": max(rates)},
                     "rank_bytes_per_s": dict(zip(("min", "median", "max"), p.rank_throughput,
                                                  strict=True)),
                     "metadata_s": p.metadata_s, "cache": p.cache}
@@ -127,7 +128,8 @@ class JobEstimate:
                    " spread between nodes)" if m.nodes == 1 else ""
         out = [
             f"per node: time = the node's bytes x the measured seconds per byte of a node with"
-            f" {m.ranks_per_node} ranks (save {_rate(s.node_bandwidth)} per node, median)",
+            f" {m.ranks_per_node} ranks (save {_rate(s.node_bandwidth)} per node: the fit's median,"
+            " the geometric mean of the samples)",
             f"nodes: {t.nodes:,} independent draws from a lognormal fit of the measured"
             f" per-node time per byte (save sigma {s.spread_sigma:.3g} from {s.samples}"
             f" samples = {m.nodes} node(s) x {m.save.iterations} iteration(s)){one_node};"
