@@ -387,6 +387,13 @@ def _plot(path: Path, report: cadence.CadenceReport) -> None:
                  f" restore {report.cost.effective_restore_s:.3g} s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure for --plot (one-line error if it cannot), then free it."""
+    import matplotlib.pyplot as plt
+
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as exc:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from ckptbench import jobmodel
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
+from ckptbench.cli.cadence_cmd import save_figure
 from ckptbench.errors import SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.payload import MODES
@@ -91,12 +92,7 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    except OSError as exc:
-        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 @click.command("sweep")
