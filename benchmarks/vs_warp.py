@@ -51,21 +51,26 @@ the ratio of the medians, and the median of the ratios of each alternating run p
 from __future__ import annotations
 
 import argparse
-import contextlib
+import collections
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.ckpt_turns import (  # noqa: E402
+    DCP_RANKS,
+    DCP_SCALE,
+    DCP_WORKLOAD,
+    dcp_request,
+    run_turn,
+)
 from benchmarks.machine_state import (  # noqa: E402
     add_reporting_option,
     cpu_ticks,
@@ -74,11 +79,9 @@ from benchmarks.machine_state import (  # noqa: E402
     parse_warm,
     prepare_turn,
     stolen_share,
-    turns,
     warm_size,
 )
 from ckptbench.errors import CkptbenchError, SpecError  # noqa: E402
-from ckptbench.measure import build_request, measure  # noqa: E402
 from ckptbench.testing import (  # noqa: E402
     MinioServer,
     ToolError,
@@ -89,6 +92,7 @@ from ckptbench.testing import (  # noqa: E402
 from ckptbench.units import parse_size  # noqa: E402
 
 MIB = 1 << 20
+DCP_WORKLOAD_NAME = DCP_WORKLOAD.stem
 
 
 def model_layers(objects: int, concurrency: int) -> int:
@@ -154,55 +158,22 @@ def shares(values: list[float]) -> str:
     return " ".join(f"{x:.1%}" for x in values)
 
 
-@contextlib.contextmanager
-def environment(env: dict[str, str]) -> Iterator[None]:
-    """`env` in this process's environment for a turn (boto3's credential chain reads it;
-    the forked ranks inherit it), restored after."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and its reaped children (the forked ranks)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def run_ckptbench(endpoint: str, env: dict[str, str], bucket: str, obj_size: int,
-                  concurrency: int, layers: int, iterations: int, multipart: bool,
-                  signed: bool, workdir: Path) -> dict[str, float]:
-    """ckptbench's median save and restore throughput in bytes/s, and its CPU seconds per
-    GB saved or restored (payload generation and verification included), run in process
-    through the library, as `ckptbench run` would."""
+def ckptbench_request(endpoint: str, bucket: str, obj_size: int, concurrency: int,
+                      layers: int, iterations: int, multipart: bool, signed: bool,
+                      transport: str, workdir: Path) -> dict[str, Any]:
+    """The warp-shaped checkpoint: one block per object, so each restore is one GET of the
+    whole object, as warp's GETs are. The whole checkpoint's payload is generated before
+    the clock, as the engine's rule and vs_fio have it; warp generates its data as it
+    sends."""
     wl = workdir / "vs-warp.toml"
     wl.write_text(workload(obj_size, layers))
-    results = workdir / f"ckptbench-{'multipart' if multipart else 'single'}-{time.time_ns()}.jsonl"
-    with environment(env):
-        # One block per object: each restore is one GET of the whole object, as warp's GETs
-        # are. The whole checkpoint's payload is generated before the clock, as the engine's
-        # rule and vs_fio have it; warp generates its data as it sends.
-        req = build_request(
-            wl, f"s3://{bucket}/vs-warp", threads=concurrency, iterations=iterations,
-            block_size=obj_size, prefill_bytes=prefill_bytes(layers, concurrency, obj_size),
-            backend_options={"endpoint_url": endpoint,
-                             "payload_signing": "on" if signed else "off",
-                             "part_size": 16 << 20 if multipart else obj_size,
-                             "concurrency": 1})
-        cpu0 = cpu_seconds()
-        outcome = measure(req, results)
-        cpu = cpu_seconds() - cpu0
-    summary = outcome["summary"] if outcome else []
-    moved = sum(float(s["bytes"]) * s["iterations"] for s in summary)
-    return {**{s["phase"]: float(s["throughput_bytes_per_s"]) for s in summary},
-            "cpu_per_gb": cpu / max(1e-9, moved / 1e9)}
+    return {"workload": wl, "target": f"s3://{bucket}/vs-warp", "threads": concurrency,
+            "iterations": iterations, "block_size": obj_size,
+            "prefill_bytes": prefill_bytes(layers, concurrency, obj_size),
+            "backend_options": {"endpoint_url": endpoint, "transport": transport,
+                                "payload_signing": "on" if signed else "off",
+                                "part_size": 16 << 20 if multipart else obj_size,
+                                "concurrency": 1}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +204,12 @@ def compare(argv: list[str] | None) -> int:
                     "the bytes ckptbench moves plus 1 GiB, at most half the available memory "
                     "[default: 0, none: see above]")
     add_reporting_option(ap)
+    ap.add_argument("--workload", choices=["warp", "dcp", "both"], default="both",
+                    help="warp-shaped objects with matched settings, and/or the DCP-shaped "
+                    "checkpoint with ckptbench's defaults against warp's")
+    ap.add_argument("--transport", default="botocore",
+                    help="ckptbench's --s3-transport values to compare, comma-separated "
+                    "(botocore,crt,obstore); crt is left out of the signed rows")
     ap.add_argument("--json", dest="json_out", help="also write the numbers here")
     a = ap.parse_args(argv)
     try:
@@ -247,6 +224,7 @@ def compare(argv: list[str] | None) -> int:
     if not find_binary("warp"):
         raise ToolError("no `warp` binary on PATH or in $(go env GOPATH)/bin; build it with "
                         ".ci/setup")
+    transports = a.transport.split(",")
     modes = [(m, sg) for m in (["single", "multipart"] if a.mode == "both" else [a.mode])
              for sg in (["signed", "unsigned"] if a.signing == "both" else [a.signing])]
 
@@ -273,73 +251,89 @@ def compare(argv: list[str] | None) -> int:
             warp_bucket = "warp-vs-ckptbench"  # warp creates and empties its own bucket
         env.update(WARP_ACCESS_KEY=key, WARP_SECRET_KEY=secret)  # never on a command line
         host = endpoint.split("://", 1)[1].rstrip("/")
-        rows: dict[str, dict[str, list[float]]] = {}
-        try:
+        exclude = {server.proc.pid} if server is not None and server.proc else set()
+        groups: list[tuple[str, WarpOptions, dict[str, dict[str, Any]]]] = []
+        if a.workload in ("warp", "both"):
             for mode, signing in modes:
                 mp, signed = mode == "multipart", signing == "signed"
-                r = rows.setdefault(f"{mode}/{signing}", {k: [] for k in (
-                    "warp_put", "warp_get", "save", "restore", "cpu_warp_put", "cpu_warp_get",
-                    "cpu_ckptbench", "steal_warp", "steal_ckptbench")})
-                warp_opts = WarpOptions(host, warp_bucket, obj_size, a.concurrency, a.duration,
-                                        multipart=mp, signed=signed)
-                for i, tool in turns(a.repeat, "warp"):
-                    if server is not None:  # only a server this script started
-                        server.empty_trash()
-                    prepare_turn(warm)
-                    ticks = cpu_ticks()
-                    if tool == "warp":
-                        for op in ("put", "get"):
-                            res = run_warp(op, warp_opts, env, workdir)
-                            r[f"warp_{op}"].append(res.bytes_per_s)
-                            r[f"cpu_warp_{op}"].append(res.cpu_per_gb)
-                        r["steal_warp"].append(stolen_share(ticks, cpu_ticks()))
-                        print(f"{mode}/{signing} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} "
-                              f"GET {r['warp_get'][-1] / 1e9:.3f} GB/s (CPU stolen "
-                              f"{shares(r['steal_warp'][-1:])})", file=sys.stderr, flush=True)
-                        continue
-                    ck = run_ckptbench(endpoint, env, bucket, obj_size, a.concurrency, layers,
-                                       a.iterations, mp, signed, workdir)
-                    r["save"].append(ck["save"])
-                    r["restore"].append(ck["restore"])
-                    r["cpu_ckptbench"].append(ck["cpu_per_gb"])
-                    r["steal_ckptbench"].append(stolen_share(ticks, cpu_ticks()))
-                    print(f"{mode}/{signing} run {i + 1}: ckptbench save {ck['save'] / 1e9:.3f} "
-                          f"restore {ck['restore'] / 1e9:.3f} GB/s (CPU stolen "
-                          f"{shares(r['steal_ckptbench'][-1:])})", file=sys.stderr, flush=True)
+                reqs = {t: ckptbench_request(endpoint, bucket, obj_size, a.concurrency, layers,
+                                             a.iterations, mp, signed, t, workdir)
+                        for t in transports if not (signed and t == "crt")}  # crt: unsigned
+                groups.append((f"{mode}/{signing}", WarpOptions(
+                    host, warp_bucket, obj_size, a.concurrency, a.duration, multipart=mp,
+                    signed=signed), reqs))
+        if a.workload in ("dcp", "both"):  # warp's defaults against ckptbench's
+            groups.append(("dcp/defaults", WarpOptions(host, warp_bucket, 64 * MIB, 4, a.duration),
+                           {t: dcp_request(endpoint, bucket, t, a.iterations) for t in transports}))
+        rows: dict[str, dict[str, list[float]]] = {}
+        try:
+            for name, warp_opts, reqs in groups:
+                r = rows.setdefault(name, collections.defaultdict(list))
+                for i in range(a.repeat):
+                    order = ["warp", *reqs] if i % 2 == 0 else [*reversed(reqs), "warp"]
+                    for tool in order:
+                        if server is not None:  # only a server this script started
+                            server.empty_trash()
+                        prepare_turn(warm)
+                        ticks = cpu_ticks()
+                        if tool == "warp":
+                            for op in ("put", "get"):
+                                res = run_warp(op, warp_opts, env, workdir)
+                                r[f"warp_{op}"].append(res.bytes_per_s)
+                                r[f"cpu_warp_{op}"].append(res.cpu_per_gb)
+                            r["steal_warp"].append(stolen_share(ticks, cpu_ticks()))
+                            print(f"{name} run {i + 1}: warp PUT {r['warp_put'][-1] / 1e9:.3f} GET "
+                                  f"{r['warp_get'][-1] / 1e9:.3f} GB/s (CPU stolen "
+                                  f"{shares(r['steal_warp'][-1:])})", file=sys.stderr, flush=True)
+                            continue
+                        ck = run_turn(reqs[tool], env, workdir, exclude)
+                        for k in ("save", "restore", "cpu_per_gb", "cpu_save", "cpu_restore"):
+                            r[f"{k}:{tool}"].append(ck[k])
+                        r[f"steal:{tool}"].append(stolen_share(ticks, cpu_ticks()))
+                        print(f"{name} run {i + 1}: ckptbench[{tool}] save {ck['save'] / 1e9:.3f} "
+                              f"restore {ck['restore'] / 1e9:.3f} GB/s, CPU s/GB save "
+                              f"{ck['cpu_save']:.2f} restore {ck['cpu_restore']:.2f} (CPU stolen "
+                              f"{shares(r[f'steal:{tool}'][-1:])})", file=sys.stderr, flush=True)
         finally:
             if server is not None:
                 server.stop()
 
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in rows.items()}
     load = os.getloadavg()
-    print(f"\nobject size {obj_size / MIB:g} MiB ({objects} per ckptbench checkpoint, and "
-          f"{2 * layers + 1} norm vectors), "
-          f"concurrency {a.concurrency}, endpoint "
+    print(f"\nwarp-shaped: object size {obj_size / MIB:g} MiB ({objects} per ckptbench "
+          f"checkpoint, and {2 * layers + 1} norm vectors), concurrency {a.concurrency}; "
+          f"dcp: {DCP_WORKLOAD_NAME} --scale {DCP_SCALE} --ranks {DCP_RANKS} with ckptbench's "
+          f"defaults against warp's (64 MiB objects, 4 concurrent); endpoint "
           f"{'MinIO (local, started here)' if server else endpoint}, cpus {os.cpu_count()}, "
           f"load average {load[0]:.1f} (start {load0[0]:.1f}), {a.repeat} alternating run(s), "
           f"warm-up {warm / 2**30:.2f} GiB")
     print(memory_state)
-    print(f"{'mode':<19} {'op':<4} {'warp GB/s':>10} {'ckptbench GB/s':>15} {'ratio':>7} "
-          f"{'pairs':>6}   runs (warp | ckptbench)")
+    print(f"{'mode':<17} {'transport':<9} {'op':<4} {'warp GB/s':>9} {'ckpt GB/s':>9} "
+          f"{'ratio':>6} {'pairs':>6} {'CPU s/GB warp|ckpt':>19}   runs (warp | ckptbench)")
     for mode, m in med.items():
-        for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
-            runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
-                    + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][c]))
-            pairs = pairs_ratio(rows[mode][w], rows[mode][c])
-            print(f"{mode:<19} {op:<4} {m[w] / 1e9:>10.3f} {m[c] / 1e9:>15.3f} "
-                  f"{m[c] / m[w]:>7.2f} {pairs:>6.2f}   {runs}")
-    print("client CPU s/GB moved (median; the other part of a 2-core box's CPU is MinIO's): "
-          + "; ".join(f"{mode}: warp put {m['cpu_warp_put']:.2f}, get {m['cpu_warp_get']:.2f} "
-                      f"(incl. uploading its objects), ckptbench save+restore "
-                      f"{m['cpu_ckptbench']:.2f} (incl. start-up, payload, verification)"
-                      for mode, m in med.items()))
+        for t in sorted({k.split(":")[1] for k in m if ":" in k}):
+            for op, w, c in (("PUT", "warp_put", "save"), ("GET", "warp_get", "restore")):
+                runs = (" ".join(f"{x / 1e9:.3f}" for x in rows[mode][w]) + " | "
+                        + " ".join(f"{x / 1e9:.3f}" for x in rows[mode][f"{c}:{t}"]))
+                pairs = pairs_ratio(rows[mode][w], rows[mode][f"{c}:{t}"])
+                cpu = f"{m[f'cpu_warp_{w[5:]}']:.2f}|{m[f'cpu_{c}:{t}']:.2f}"
+                print(f"{mode:<17} {t:<9} {op:<4} {m[w] / 1e9:>9.3f} {m[f'{c}:{t}'] / 1e9:>9.3f} "
+                      f"{m[f'{c}:{t}'] / m[w]:>6.2f} {pairs:>6.2f} {cpu:>19}   {runs}")
+    print("CPU s/GB: the client's CPU per GB moved, medians. warp's put and get turns (its get "
+          "includes uploading the objects it reads); ckptbench's timed phase alone (requests, "
+          "copies, verification; not start-up or payload generation). Whole ckptbench runs "
+          "(start-up and payload included): " + "; ".join(
+              f"{mode}[{k.split(':')[1]}] {v:.2f}" for mode, m in med.items()
+              for k, v in m.items() if k.startswith("cpu_per_gb:")))
     print("CPU stolen by the hypervisor per turn (other guests' load; under 2% is a quiet "
           "host): " + "; ".join(
-              f"{mode}: warp {shares(rows[mode]['steal_warp'])} | ckptbench "
-              f"{shares(rows[mode]['steal_ckptbench'])}" for mode in med))
+              f"{mode}: warp {shares(rows[mode]['steal_warp'])} | " + " | ".join(
+                  f"{k.split(':')[1]} {shares(v)}" for k, v in rows[mode].items()
+                  if k.startswith("steal:")) for mode in med))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"obj_size": obj_size, "concurrency": a.concurrency,
-                                                "runs": rows, "median": med}, indent=2))
+                                                "load": load, "runs": rows, "median": med},
+                                               indent=2))
     return 0
 
 

@@ -45,7 +45,8 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
     run_options = RunOptions(restore_shift=restore_shift or 0, **options)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
-                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
+                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count,
+                    ranks_per_host=len(selected))
     return RunRequest(workload=full, plan=plan, ranks=selected,
                       backend=open_backend(target, backend_options, hints),
                       options=run_options, scale=scale,

@@ -45,6 +45,8 @@ class OptionSpec:
         return value
 
     def check(self, value: Any) -> None:
+        if value is None and not self.choices:
+            return  # None: the backend chooses (e.g. S3's part size per object)
         if self.choices and value not in self.choices:
             raise BackendError(f"{self.flag} {value!r} is not allowed; allowed: "
                                f"{', '.join(self.choices)}")
@@ -139,6 +141,7 @@ class IOHints:
     threads: int = 1
     stripe_size: int = 1 << 20
     stripe_count: int = 0  # 0: leave the file system's layout alone; -1: all targets
+    ranks_per_host: int = 1  # ranks of this run on one host (a local launch: all of them)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.threads < 1:

@@ -177,7 +177,8 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
-                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
+                    stripe_size=ck.stripe_size, stripe_count=ck.stripe_count,
+                    ranks_per_host=len(selected))
     backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)

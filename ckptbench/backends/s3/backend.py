@@ -26,8 +26,10 @@ from ckptbench.backends.s3.errors import (
     public_endpoint,
     translate,
 )
-from ckptbench.backends.s3.options import MAX_PARTS, MIB, S3Options, parse_target
+from ckptbench.backends.s3.options import S3Options, parse_target
 from ckptbench.backends.s3.reader import S3Reader
+from ckptbench.backends.s3.sizing import Sizing, ranks_per_host
+from ckptbench.backends.s3.transport import transfer_details, transport_for
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
 
@@ -42,8 +44,10 @@ class S3Backend(Backend):
         super().__init__(target, options, hints)
         self.bucket, self.prefix = parse_target(target)
         o = self.options
-        self.part_size = o.part_size
-        self.concurrency = o.concurrency
+        self.sizing = Sizing(o.part_size, o.concurrency, self.hints.threads,
+                             ranks_per_host(self.hints.ranks_per_host))
+        self.part_size = self.sizing.base_part  # part buffers are pooled at this size
+        self.concurrency = self.sizing.in_flight
         self.checksum = o.checksum
         self.payload_signing = o.payload_signing
         # Bodies are sent from the caller's memory rather than copied into bytes (see
@@ -51,7 +55,7 @@ class S3Backend(Backend):
         # when_supported copies.
         self.zero_copy = self.checksum == "when_required"
         self.max_attempts = o.max_attempts
-        self.clients = S3Clients(o, self.hints.threads)
+        self.clients = S3Clients(o, self.hints.threads, self.concurrency)
         self.created_marker = False
 
     # --- keys and processes ---
@@ -139,9 +143,13 @@ class S3Backend(Backend):
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:
+        if self.options.transport != "botocore":
+            return transport_for(self).open_write(key, size)
         return S3Writer(self, key, size)
 
     def open_read(self, key: str) -> ReadHandle:
+        if self.options.transport != "botocore":
+            return transport_for(self).open_read(key)
         return S3Reader(self, key)
 
     def put_atomic(self, key: str, data: bytes) -> None:
@@ -224,18 +232,16 @@ class S3Backend(Backend):
             "prefix": self.prefix,
             "region": r.region,
             "addressing_style": r.addressing_style,
-            "part_size": self.part_size,
-            "concurrency": self.concurrency,
+            **self.sizing.describe(),
             "checksum": {"request": self.checksum, "response": self.checksum},
             "payload_signing": self.payload_signing,
             "retries": {"mode": "standard", "max_attempts": self.max_attempts},
-            "transfer": "botocore client (classic; no CRT), own multipart and ranged GETs",
+            "transfer": transfer_details(self),
             "auth": auth,  # where boto3 found the credentials ('env', ...), never the keys
             "boto3": boto3.__version__,
             "botocore": botocore.__version__,
         }
 
     def part_size_for(self, size: int) -> int:
-        """The part size, raised for objects that would need more than 10,000 parts."""
-        need = -(-size // MAX_PARTS)
-        return max(self.part_size, -(-need // MIB) * MIB)
+        """The part size of an object of `size` bytes (sizing.Sizing.part_for)."""
+        return self.sizing.part_for(size)

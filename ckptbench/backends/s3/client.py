@@ -89,9 +89,10 @@ class S3Clients:
     after a failure). The connection pool is sized for `io_threads` runner threads each
     with `concurrency` requests in flight."""
 
-    def __init__(self, options: S3Options, io_threads: int) -> None:
+    def __init__(self, options: S3Options, io_threads: int, in_flight: int) -> None:
         self.options = options
         self.io_threads = max(1, io_threads)
+        self.in_flight = in_flight
         self._state: ProcessState | None = None
         self.resolved: Resolved | None = None
 
@@ -146,7 +147,7 @@ class S3Clients:
         if o.payload_signing != "auto":
             s3cfg["payload_signing_enabled"] = o.payload_signing == "on"
         config = Config(
-            max_pool_connections=o.concurrency * self.io_threads + 4,
+            max_pool_connections=self.in_flight * self.io_threads + 4,
             # A fixed User-Agent: botocore otherwise rebuilds and sanitizes its own, character
             # by character, on every request; and no parameter validation (ckptbench builds
             # every request itself). With parts sent inline (_submit), ckptbench's CPU per GB

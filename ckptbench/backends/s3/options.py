@@ -17,6 +17,7 @@ MAX_PARTS = 10_000  # and an upload has at most 10,000 parts.
 MIN_RANGE = 4 * MIB  # a read buffer is split into parallel ranged GETs of at least this size
 CHECKSUM_MODES = ("when_required", "when_supported")
 PAYLOAD_SIGNING = ("auto", "on", "off")
+TRANSPORTS = ("botocore", "crt", "obstore")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,254}$")
 
 
@@ -25,12 +26,15 @@ class S3Options(BackendOptions):
     endpoint_url: str | None = field(default=None, metadata=option(
         "--endpoint-url", "S3 endpoint, e.g. http://127.0.0.1:9000 (else boto3's configuration: "
         "AWS_ENDPOINT_URL_S3). Credentials: boto3's standard chain only."))
-    part_size: int = field(default=8 * MIB, metadata=option(
-        "--part-size", "S3 multipart part size (5MiB-5GiB); objects up to one part are one PUT.",
-        size=True))
-    concurrency: int = field(default=8, metadata=option(  # parts in flight; ranged GETs per read
-        "--s3-concurrency", "S3 parts in flight per object, and parallel ranged GETs per read.",
-        minimum=1))
+    part_size: int | None = field(default=None, metadata=option(
+        "--part-size", "S3 multipart part size (5MiB-5GiB); objects up to one part are one PUT "
+        "(default: chosen per object, docs/s3.md).", size=True))
+    concurrency: int | None = field(default=None, metadata=option(  # None: sizing.Sizing
+        "--s3-concurrency", "S3 parts in flight per object, and parallel ranged GETs per read "
+        "(default: chosen from the ranks per host and threads).", minimum=1))
+    transport: str = field(default="botocore", metadata=option(
+        "--s3-transport", "S3 data path: botocore (Python threads), crt (AWS Common Runtime), "
+        "obstore (Rust object_store).", choices=TRANSPORTS))
     checksum: str = field(default="when_required", metadata=option(
         "--s3-checksum", "S3 request checksums (and response validation); when_supported: CRC32.",
         choices=CHECKSUM_MODES))
@@ -44,7 +48,7 @@ class S3Options(BackendOptions):
     read_timeout: float = 60.0
 
     def validate(self) -> None:
-        if not MIN_PART <= self.part_size <= MAX_PART:
+        if self.part_size is not None and not MIN_PART <= self.part_size <= MAX_PART:
             raise BackendError(f"--part-size {self.part_size}: S3 parts must be 5 MiB to 5 GiB; "
                                "allowed: e.g. 8MiB, 64MiB")
         endpoint = self.endpoint_url

@@ -27,8 +27,8 @@ SPARE_BUFFERS = 512 * MIB  # spare part buffers kept per process, at most
 # --- part buffers (reused: a fresh bytearray costs a memset and page faults) ---
 def take_buffer(proc: ProcessState, part_size: int, n: int) -> bytearray:
     if n == part_size:
-        with proc.lock:
-            if proc.buffers:
+        with proc.lock:  # part sizes differ by object: take only a buffer of this size
+            if proc.buffers and len(proc.buffers[-1]) == n:
                 return proc.buffers.pop()
     return bytearray(n)
 
@@ -94,7 +94,7 @@ class S3Writer(WriteHandle):
                         view = view[want:]
                         continue
                     # sized to what this part will hold: sent whole, no second copy
-                    self.buf = take_buffer(self.b._proc(), self.b.part_size, want)
+                    self.buf = take_buffer(self.b._proc(), self.part_size, want)
                     self.fill = 0
                 n = min(len(view), len(self.buf) - self.fill)
                 # Through a memoryview: bytearray slice assignment from a non-bytearray makes
@@ -161,7 +161,7 @@ class S3Writer(WriteHandle):
             return part
         finally:
             if pooled:
-                give_buffer(self.b._proc(), self.b.part_size, cast(bytearray, buf))
+                give_buffer(self.b._proc(), self.part_size, cast(bytearray, buf))
 
     def _put(self, body: Any) -> None:
         """The whole object in one PUT."""
@@ -190,7 +190,7 @@ class S3Writer(WriteHandle):
 
     def _free(self) -> None:
         if self.buf is not None:
-            give_buffer(self.b._proc(), self.b.part_size, self.buf)
+            give_buffer(self.b._proc(), self.part_size, self.buf)
             self.buf = None
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -234,6 +234,14 @@ class ViewBody:
         out = self.view[self.pos:end]
         self.pos = end
         return out
+
+    def readinto(self, m: memoryview) -> int:
+        """Exactly what fits (botocore's CRT signer, used when awscrt is installed, hashes
+        the body through readinto and takes no more than it asked for)."""
+        n = min(len(m), len(self.view) - self.pos)
+        m[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
 
     def seek(self, pos: int, whence: int = 0) -> int:
         base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]
