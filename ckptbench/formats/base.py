@@ -59,6 +59,7 @@ class FormatOptions:
     seed: int = 0
     prefill_bytes: int = 64 << 20  # payload generated before the clock starts
     codec: str = "none"
+    verify: bool = True  # False: restored bytes are read and dropped (a diagnostic)
 
 
 @dataclass

@@ -250,7 +250,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     unique_methods = sorted(set(methods))
     records.append(RestorePhaseRecord(
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
-        failure is None, len(mismatches), options.restore_shift))
+        failure is None and options.verify, len(mismatches), options.restore_shift))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:

@@ -32,6 +32,7 @@ class RunOptions:
     restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
     format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
     codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
+    verify: bool = True  # False: a diagnostic (raw format): restores recorded as unverified
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,7 +40,8 @@ class RunOptions:
     def format_options(self) -> FormatOptions:
         return FormatOptions(threads=self.threads, block_size=self.block_size,
                              payload=self.payload, seed=self.seed,
-                             prefill_bytes=self.prefill_bytes, codec=self.codec)
+                             prefill_bytes=self.prefill_bytes, codec=self.codec,
+                             verify=self.verify)
 
 
 @dataclass(frozen=True)
