@@ -28,6 +28,12 @@ pytestmark = pytest.mark.s3
 TRANSPORTS = ["crt", "obstore"]
 
 
+class TestS3DefaultsReadAhead(S3Conformance):
+    """botocore with the chosen defaults: ranged GETs kept in flight ahead of the reader."""
+
+    options: ClassVar[dict[str, Any]] = {"concurrency": None, "part_size": None}
+
+
 class TestS3Crt(S3Conformance):
     options: ClassVar[dict[str, Any]] = {"transport": "crt"}
 

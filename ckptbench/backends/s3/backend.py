@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
 from ckptbench.backends.options import IOHints
+from ckptbench.backends.s3.boto_readahead import boto_readahead
 from ckptbench.backends.s3.client import ProcessState, S3Clients
 from ckptbench.backends.s3.errors import (
     is_boto_error,
@@ -150,6 +151,8 @@ class S3Backend(Backend):
     def open_read(self, key: str) -> ReadHandle:
         if self.options.transport != "botocore":
             return transport_for(self).open_read(key)
+        if self.sizing.concurrency is None:  # chosen: GETs kept in flight ahead of the reader
+            return boto_readahead(self).open_read(key)
         return S3Reader(self, key)
 
     def put_atomic(self, key: str, data: bytes) -> None:
