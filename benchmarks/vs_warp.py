@@ -321,7 +321,8 @@ def compare(argv: list[str] | None) -> int:
                       f"{m[f'{c}:{t}'] / m[w]:>6.2f} {pairs:>6.2f} {cpu:>19}   {runs}")
     print("CPU s/GB: the client's CPU per GB moved, medians. warp's put and get turns (its get "
           "includes uploading the objects it reads); ckptbench's timed phase alone (requests, "
-          "copies, verification; not start-up or payload generation). Whole ckptbench runs "
+          "copies, verification, payload made inside the clock; not start-up or --prefill). "
+          "Whole ckptbench runs "
           "(start-up and payload included): " + "; ".join(
               f"{mode}[{k.split(':')[1]}] {v:.2f}" for mode, m in med.items()
               for k, v in m.items() if k.startswith("cpu_per_gb:")))
