@@ -71,7 +71,8 @@ def test_run_tiny_on_minio(minio_server: MinioServer, tmp_path: Path) -> None:
                for p in phases if p["phase"] == "restore")
     target = recs[0]["environment"]["target"]
     assert target["backend"] == "s3" and target["endpoint"] == minio_server.endpoint
-    assert target["part_size"] == 8 << 20 and target["checksum"]["request"] == "when_required"
+    assert target["part_size"] == "auto" and target["checksum"]["request"] == "when_required"
+    assert target["concurrency_chosen"] is True and target["transfer"]["transport"] == "botocore"
     assert target["auth"] == "env"
     ranks = [r for r in recs if r["type"] == "rank"]
     assert all(r["backend"]["retries"] == 0 and r["backend"]["requests"] >= 1 for r in ranks)

@@ -21,6 +21,9 @@ from ckptbench.testing import empty_trash, find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^(\S+)\s+(save|restore|PUT|GET)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", re.M)
+# vs_warp's rows name the transport after the mode
+WARP_ROW = re.compile(r"^(\S+)\s+botocore\s+(PUT|GET)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                      r"([\d.]+)\s", re.M)
 
 
 def script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -189,15 +192,15 @@ def test_vs_warp_runs_both_tools_against_its_own_minio() -> None:
         pytest.fail("no warp or minio binary: run .ci/setup", pytrace=False)
     out = script("vs_warp.py", "--obj-size", "16MiB", "--concurrency", "2", "--duration", "6s",
                  "--objects", "4", "--iterations", "1", "--repeat", "2", "--mode", "single",
-                 "--signing", "unsigned")  # no warm-up by default (vs_warp's docstring)
+                 "--signing", "unsigned", "--workload", "warp")  # no warm-up by default
     assert out.returncode == 0, out.stderr + out.stdout
-    rows = ROW.findall(out.stdout)
+    rows = WARP_ROW.findall(out.stdout)
     assert [(m, p) for m, p, *_ in rows] == [("single/unsigned", "PUT"), ("single/unsigned", "GET")]
     for *_, warp, ck, _ratio, _pairs in rows:
         assert float(warp) > 0 and float(ck) > 0
     assert "2 alternating run(s), warm-up 0.00 GiB" in out.stdout
     stolen = re.search(r"^CPU stolen by the hypervisor per turn .*: single/unsigned: warp "
-                       r"([\d.]+)% ([\d.]+)% \| ckptbench ([\d.]+)% ([\d.]+)%$", out.stdout, re.M)
+                       r"([\d.]+)% ([\d.]+)% \| botocore ([\d.]+)% ([\d.]+)%$", out.stdout, re.M)
     assert stolen and all(0 <= float(x) <= 100 for x in stolen.groups()), out.stdout
     assert re.search("^(" + "|".join(map(re.escape, left_as_is_states())) + ")",
                      out.stdout, re.M), out.stdout

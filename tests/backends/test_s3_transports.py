@@ -234,11 +234,12 @@ def test_transport_is_an_option_and_bad_values_are_one_line() -> None:
 
 # --- defaults: chosen from the object size, the threads and the ranks per host ---
 def test_default_sizing_rules() -> None:
-    one = Sizing(None, None, threads=1, ranks_per_host=1)
+    one = Sizing(None, None, threads=1, ranks_per_host=1, cpus=64)
     assert one.in_flight == 16
-    assert Sizing(None, None, threads=1, ranks_per_host=8).in_flight == 4
-    assert Sizing(None, None, threads=4, ranks_per_host=2).in_flight == 4
-    assert Sizing(None, None, threads=1, ranks_per_host=64).in_flight == 4  # at least 4 a rank
+    assert Sizing(None, None, threads=1, ranks_per_host=8, cpus=64).in_flight == 4
+    assert Sizing(None, None, threads=4, ranks_per_host=2, cpus=64).in_flight == 4
+    assert Sizing(None, None, threads=1, ranks_per_host=64, cpus=64).in_flight == 4  # >= 4 a rank
+    assert Sizing(None, None, threads=1, ranks_per_host=2, cpus=2).in_flight == 4  # 4 per CPU
     assert one.part_for(3 * MIB) == 5 * MIB  # small objects: one PUT
     assert one.part_for(64 * MIB) == 64 * MIB  # up to 64 MiB: one PUT
     assert one.part_for(700 * MIB) == 44 * MIB  # the whole object in flight in 16 parts
@@ -258,4 +259,4 @@ def test_defaults_follow_ranks_per_host(monkeypatch: pytest.MonkeyPatch) -> None
     assert b.concurrency == 4 and b.describe()["ranks_per_host"] == 8
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")  # the MPI launcher's word wins
     b = S3Backend("s3://bucket/x", S3Options(), IOHints(threads=1, ranks_per_host=16))
-    assert b.concurrency == 16 and b.describe()["concurrency_chosen"] is True
+    assert b.sizing.ranks_per_host == 2 and b.describe()["concurrency_chosen"] is True

@@ -12,11 +12,12 @@ written and read one after the other by each runner thread).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptbench.backends.s3.options import MAX_PART, MAX_PARTS, MIB, MIN_PART
 
-HOST_IN_FLIGHT = 32  # requests in flight per host, shared by its ranks
+HOST_IN_FLIGHT = 32  # requests in flight per host, shared by its ranks, ...
+CPU_IN_FLIGHT = 4  # ... and at most 4 per CPU: more starve each other's sends (a 2-CPU box)
 RANK_IN_FLIGHT = (4, 16)  # ... but at least 4 and at most 16 per rank
 SINGLE_PUT_MAX = 64 * MIB  # an object up to this size is one PUT (one GET on restore)
 PART_RANGE = (16 * MIB, 64 * MIB)  # parts (and read-ahead ranges) of a larger object
@@ -42,6 +43,7 @@ class Sizing:
     concurrency: int | None  # --s3-concurrency; None: chosen from ranks and threads
     threads: int = 1
     ranks_per_host: int = 1
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @property
     def in_flight(self) -> int:
@@ -49,7 +51,8 @@ class Sizing:
         if self.concurrency is not None:
             return self.concurrency
         low, high = RANK_IN_FLIGHT
-        per_rank = min(high, max(low, -(-HOST_IN_FLIGHT // self.ranks_per_host)))
+        host = min(HOST_IN_FLIGHT, CPU_IN_FLIGHT * self.cpus)
+        per_rank = min(high, max(low, -(-host // self.ranks_per_host)))
         return max(1, -(-per_rank // self.threads))
 
     @property
