@@ -105,7 +105,7 @@ def _heading(title: str, loaded: Sequence[dict[str, Any]]) -> tuple[str, list[st
     runs = [r["run"] for r in loaded]
     if len(loaded) == 1:
         f = compare.facets(runs[0])
-        return f"{title}: {f.get('workload', '?')}", [f"options: {compare.describe(f)}"]
+        return f"{title} for {f.get('workload', '?')}", [f"options: {compare.describe(f)}"]
     notes = [f"#{i}: {r['path']}" for i, r in enumerate(loaded, 1)]
     same = compare.common(runs)
     if same:
@@ -169,8 +169,8 @@ def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
         return None
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
         Column("phase", key=True, numeric=False), Column("codec", numeric=False),
-        Column("logical\nGiB"), Column("stored\nGiB"), Column("ratio", "med"),
-        Column("logical\nGB/s", "med"), Column("stored\nGB/s", "med")]
+        Column("logical GiB"), Column("stored GiB"), Column("ratio", "med"),
+        Column("logical GB/s", "med"), Column("stored GB/s", "med")]
     return Grid("stored bytes (zarr: after the codec)", tuple(cols), tuple(rows))
 
 

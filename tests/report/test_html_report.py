@@ -81,7 +81,7 @@ def test_one_run_report_has_its_figures_and_no_comparison(three_runs: Runs, tmp_
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     assert text.count("<img ") == len(FIGURES) and "Comparison" not in text
-    assert "ckptbench results: tiny" in done.stdout  # the table still printed
+    assert "ckptbench results for tiny" in done.stdout  # the table still printed
 
 
 def test_the_browser_check_sees_errors_missing_images_and_blank_pages(tmp_path: Path,
