@@ -285,7 +285,8 @@ def comparison(runs: Sequence[RunData]) -> Figure:
     for ax in (left, right):
         ax.invert_yaxis()
         ax.margins(x=0.18)
-        ax.legend(fontsize=8, loc="lower right")
+    handles, names = left.get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper right", ncols=2, fontsize=8)  # above the bars
     fig.suptitle("runs compared (labels: the options that differ)", x=0.01, ha="left", fontsize=11)
     return fig
 
