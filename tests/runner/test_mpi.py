@@ -163,8 +163,8 @@ def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner
     mr, _ = mpirun(4, str(TINY), "--target", str(tmp_path / "mpi"), "--results",
                    str(tmp_path / "mpi.jsonl"), *common)
     assert mr.returncode == 0, mr.stderr
-    # Only MPI rank 0 prints: one banner, one table, one results line.
-    assert mr.stdout.count("results: ") == 1 and mr.stdout.count("tiny: 4 of 4 ranks") == 1
+    # Only MPI rank 0 prints: one banner (on stderr), one table, one results line.
+    assert mr.stdout.count("results: ") == 1 and mr.stderr.count("tiny: 4 of 4 ranks") == 1
     lrec, mrec = records(tmp_path / "local.jsonl"), records(tmp_path / "mpi.jsonl")
     assert lrec[0]["launcher"] == "local" and mrec[0]["launcher"] == "mpi"
     assert mrec[0]["mpi"]["groups"] == [[0], [1], [2], [3]]

@@ -180,7 +180,9 @@ def test_full_disk_fails_cleanly_and_keeps_finished_iterations(tmp_path):
                       "--results", str(results))
         assert r.returncode == 2, r.stderr
         assert "no space left on the device" in r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        banner, *rest = [line for line in r.stderr.splitlines() if line]  # banner: stderr
+        assert banner.startswith("tiny: 4 of 4 ranks") and len(rest) == 1
+        assert "Traceback" not in r.stderr
         recs = records(results)
         done = {x["iteration"] for x in recs if x["type"] == "phase" and x["ok"]}
         assert 1 in done

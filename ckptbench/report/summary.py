@@ -121,6 +121,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not sel:
             continue
         tps = [i["throughput_bytes_per_s"] for i in sel]
+        worst = max(sel, key=lambda i: i["slowest_rank_seconds"])
         secs = [i["seconds"] for i in sel]
         lat: dict[str, dict[str, float | None]] = {}
         for op in LATENCY_OPS:
@@ -140,7 +141,9 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_max": max(tps),
             "throughput_stdev": statistics.stdev(tps) if len(tps) > 1 else 0.0,
             "rank_throughput_min_bytes_per_s": min(i["rank_throughput_bytes_per_s"]["min"] for i in sel),
-            "slowest_rank_seconds_max": max(i["slowest_rank_seconds"] for i in sel),
+            "slowest_rank_seconds_max": worst["slowest_rank_seconds"],
+            "slowest_rank": worst["slowest_rank"],  # the rank that finished last, worst iteration
+            "slowest_rank_iteration": worst["iteration"],
             "first_to_last_gap_s_median": statistics.median(i["first_to_last_gap_s"] for i in sel),
             "ranks": sel[0]["ranks"],
             "nodes": sel[0]["nodes"],
