@@ -18,7 +18,6 @@ Contract of every format (the :class:`Format` protocol):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
+from ckptbench.formats.verify import parse_manifest
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
@@ -100,6 +100,8 @@ class ThreadResult:
 
     ops: list[TimedOp] = field(default_factory=list)
     digests: dict[int, list[int]] = field(default_factory=dict)  # file index -> chunk digests
+    # metadata objects written (name relative to the checkpoint -> digest), for the manifest
+    objects: dict[str, int] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -168,21 +170,20 @@ class FormatBase:
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
                       ) -> tuple[dict[str, Any], tuple[int, int]]:
         """Read the commit manifest, timed (it is the restore's first step), and check it
-        covers `jobs` and was written in this format; refuse an uncommitted checkpoint."""
+        covers `jobs` and was written in this format; refuse an uncommitted checkpoint or
+        a manifest that does not hold what the restore needs (one line naming it)."""
         t0 = now()
         try:
-            manifest = json.loads(self.backend.get(manifest_key))
+            data = self.backend.get(manifest_key)
         except FileNotFoundError:
             raise VerificationError(
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
             ) from None
         t1 = now()
+        manifest = parse_manifest(manifest_key, data, jobs)
         written = manifest.get("format", "raw")
         if written != self.name:
             raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")
-        for job in jobs:
-            if job.name not in manifest["files"]:
-                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
         return manifest, (t0, t1)
 
 

@@ -76,6 +76,7 @@ class PhaseReport:
     host: str
     backend_stats: dict[str, int]
     manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
+    objects: dict[str, int] | None = None  # metadata objects written and their digests
 
 
 def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
@@ -86,7 +87,8 @@ def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
                   job_rank[o.file], t) for t, r in enumerate(results) for o in r.ops]
     return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
                        [m for r in results for m in r.mismatches],
-                       describe_error(error) if error else None, comm.host(), backend_stats)
+                       describe_error(error) if error else None, comm.host(), backend_stats,
+                       objects={k: d for r in results for k, d in r.objects.items()})
 
 
 def _records(plan: Plan, iteration: int, phase: str,
@@ -200,8 +202,10 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
     commit: tuple[int, int] | None = None
     if failure is None:
         digests: dict[int, list[int]] = {}
+        objects: dict[str, int] = {}
         for report in gathered:
             digests.update(report.digests)
+            objects.update(report.objects or {})
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "run_id": options.run_id,
@@ -213,6 +217,8 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             "codec": options.codec,
             "files": manifest_files(plan, ckpt, digests),
         }
+        if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
+            manifest["objects"] = dict(sorted(objects.items()))
         try:
             t0 = now()
             backend.put_atomic(manifest_key, json.dumps(manifest).encode())
