@@ -131,11 +131,38 @@ def round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+THREAD_BYTES = 256 << 10  # what a Python thread costs, about (stack pages, its state)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How one process sizes its I/O: the block rounded to the backend's alignment, and
+    threads and prefill per plan rank (a process running a group of plan ranks, MPI with
+    fewer processes than ranks, gets each rank's share)."""
+
+    align: int
+    block: int
+    nthreads: int
+    share: int  # payload bytes per thread made before the clock
+    nbuf: int  # buffers of a thread's ring when the prefill bounds it
+
+    @classmethod
+    def of(cls, options: FormatOptions, nranks: int, alignment: int) -> Sizing:
+        align = max(alignment, 1)
+        block = round_up(options.block_size, max(align, 8))
+        nthreads = max(1, options.threads) * max(1, nranks)
+        share = options.prefill_bytes * max(1, nranks) // nthreads
+        return cls(align, block, nthreads, share, max(2, share // block))
+
+
 class FormatBase:
     """What every format derives from the same inputs: the payload generator, the block
     size rounded to the backend's alignment, threads and prefill per process."""
 
     name: ClassVar[str] = "?"
+    # progress(n) is called as bytes move (each block or chunk): the runner can watch for
+    # stalls; False when a format only learns of its bytes once a whole phase is done
+    streams_progress: ClassVar[bool] = True
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
@@ -146,14 +173,21 @@ class FormatBase:
         self.o = options
         self.progress = progress or (lambda n: None)
         self.gen = PayloadGenerator(options.payload, options.seed)
-        self.align = max(backend.alignment, 1)
-        self.block = round_up(options.block_size, max(self.align, 8))
-        # threads and prefill are per plan rank: a process running a group of plan ranks
-        # (MPI with fewer processes than ranks) gets each rank's share.
-        self.nthreads = max(1, options.threads) * max(1, len(ranks))
-        prefill = options.prefill_bytes * max(1, len(ranks))
-        self.share = prefill // self.nthreads  # payload bytes per thread made before the clock
-        self.nbuf = max(2, self.share // self.block)
+        size = Sizing.of(options, len(ranks), backend.alignment)
+        self.align, self.block, self.nthreads = size.align, size.block, size.nthreads
+        self.share, self.nbuf = size.share, size.nbuf
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """About the most memory one process running plan ranks `ranks` takes: the save's
+        payload buffers (the prefill, at least two blocks per thread), the restore's read
+        ring (two to four blocks per thread, faulted in before the clock), thread stacks.
+        The runner refuses a run whose processes on one host would not fit its memory."""
+        size = Sizing.of(options, len(ranks), alignment)
+        save = max(size.share, 2 * size.block) * size.nthreads
+        restore = max(2, min(size.nbuf, 4)) * size.block * size.nthreads
+        return max(save, restore) + 2 * size.nthreads * THREAD_BYTES
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:

@@ -146,11 +146,18 @@ class TorchDcpFormat(FormatBase):
     """The Format contract (save, restore, cache_keys) through DCP's own writer and reader."""
 
     name: ClassVar[str] = "torch-dcp"
+    streams_progress: ClassVar[bool] = False  # one op per phase: not watched for stalls
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
         super().check(plan, ranks, codec)
         check_plan(plan, ranks)
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound it)."""
+        return super().memory_bytes(plan, ranks, options, alignment) + plan.bytes_of_ranks(ranks)
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:

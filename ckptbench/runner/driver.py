@@ -47,6 +47,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.stall import StallWatch, WatchedGroup
 
 OP_KINDS = ("open", "write", "fsync", "close", "read")
 
@@ -123,10 +124,21 @@ def _records(plan: Plan, iteration: int, phase: str,
 
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
                    comm: Comm, options: RunOptions, sink: RecordSink | None,
-                   progress: Callable[[int], None] | None = None) -> None:
-    """Run every iteration; raise RunFailed (on every process) when one fails."""
-    fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
-                      progress)
+                   progress: Callable[[int], None] | None = None,
+                   watch: StallWatch | None = None) -> None:
+    """Run every iteration; raise RunFailed (on every process) when one fails. With a
+    `watch`, this process's saves and restores are watched for stalls (runner.stall)."""
+    watch = watch or StallWatch(0, lambda _message: None)
+
+    def moved(n: int) -> None:
+        watch.tick(n)
+        if progress is not None:
+            progress(n)
+
+    fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
+                      options.format_options(), moved)
+    # a format that reports its bytes only once per phase cannot be watched (runner.stall)
+    watched = watch if getattr(fmt, "streams_progress", True) else StallWatch(0, watch.on_stall)
     coordinator = comm.rank == 0
     for it in range(1, options.iterations + 1):
         ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
@@ -135,7 +147,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
 
         # --- save ---
         try:
-            results = fmt.save(jobs)
+            with watched.watching(f"the save of {plan.checkpoint_name(it)}"):
+                results = fmt.save(jobs)
             err = first_error(results)
         except BaseException as exc:  # noqa: BLE001 - decided together below
             results, err = [], exc
@@ -166,7 +179,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
             manifest_t: tuple[int, int] | None = None
             try:
-                rresults, manifest_t = fmt.restore(rjobs, manifest_key)
+                with watched.watching(f"the restore of {plan.checkpoint_name(it)}"):
+                    rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:  # noqa: BLE001
                 rresults, rerr = [], exc

@@ -1,11 +1,14 @@
-"""`ckptbench run` whose checkpoint is damaged on disk between save and restore (tests only).
+"""`ckptbench run` whose checkpoint is damaged on disk between save and restore, or whose
+storage stops answering (tests only).
 
     python tests/adversarial/sabotage_run.py ACTION -- RUN ARGS...
 
 The real CLI in a real process, on a real local target: the backend the CLI opens is
 wrapped so that, when the runner evicts the checkpoint from caches (after the manifest is
 committed, before the restore starts), the first process to get there applies ACTION to
-the checkpoint's files. ACTION is NAME[:ARG] from :data:`ACTIONS`.
+the checkpoint's files. ACTION is NAME[:ARG] from :data:`ACTIONS`; or ``hang:SUBSTRING``:
+a write to a key containing SUBSTRING, after its first block, never returns (a mount that
+stopped answering).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,9 +90,26 @@ ACTIONS: dict[str, Callable[[Path, str], None]] = {
 }
 
 
+class _Hanging:
+    """A write handle whose writes after the first block never return."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._blocks = 0
+
+    def write(self, data: memoryview) -> None:
+        self._blocks += 1
+        if self._blocks > 1:
+            threading.Event().wait()
+        self._inner.write(data)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
+
+
 def install(action: str, once: Path) -> None:
     name, _, arg = action.partition(":")
-    act = ACTIONS[name]
+    act = ACTIONS.get(name, _unlink)
     open_backend = run_cmd.open_backend
 
     class Sabotaged:
@@ -99,6 +120,8 @@ def install(action: str, once: Path) -> None:
             return getattr(self._inner, attr)
 
         def drop_cache(self, keys: list[str]) -> str:
+            if name == "hang":
+                return str(self._inner.drop_cache(keys))
             try:  # the first process to get here damages the checkpoint, once
                 os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -107,6 +130,10 @@ def install(action: str, once: Path) -> None:
                 ckpts = sorted(Path(self._inner.root).glob("run-*/checkpoint-*"))
                 act(ckpts[-1], arg)
             return str(self._inner.drop_cache(keys))
+
+        def open_write(self, key: str, size: int) -> Any:
+            handle = self._inner.open_write(key, size)
+            return _Hanging(handle) if name == "hang" and arg in key else handle
 
     def sabotaged(*args: Any, **kwargs: Any) -> Any:
         return Sabotaged(open_backend(*args, **kwargs))

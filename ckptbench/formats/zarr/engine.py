@@ -95,6 +95,14 @@ class ZarrFormat(FormatBase):
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
         ZarrLayout(plan, codec)  # raises SpecError when the chunks do not fit zarr arrays
 
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """A thread's feed always takes one chunk, however large, and encodes it whole."""
+        chunk = int(plan.chunk_nbytes.max()) if len(plan.chunk_nbytes) else 0
+        threads = max(1, options.threads) * max(1, len(ranks))
+        return super().memory_bytes(plan, ranks, options, alignment) + 2 * chunk * threads
+
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
         super().__init__(plan, ranks, backend, group, options, progress)
