@@ -276,7 +276,7 @@ class TorchDcpFormat(FormatBase):
             try:
                 res.objects = {DCP_METADATA: object_digest(
                     self.backend.get(f"{ckpt}/{DCP_METADATA}"))}
-            except BaseException as exc:  # noqa: BLE001 - reported to the group
+            except BaseException as exc:  # reported to the group
                 res.error = exc
         return [res]
 
@@ -302,7 +302,7 @@ class TorchDcpFormat(FormatBase):
             manifest, span = self.read_manifest(manifest_key, jobs)
             if self.group.rank == 0:
                 self._check_metadata(ckpt, manifest_key, manifest)
-        except BaseException as exc:  # noqa: BLE001 - agreed on below
+        except BaseException as exc:  # agreed on below
             problem = exc
         problems = self.group.gather(problem)
         problem = self.group.bcast(next((p for p in problems or [] if p is not None), None))

@@ -28,6 +28,7 @@ from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
+    Format,
     ThreadResult,
     TimedOp,
     file_jobs,
@@ -128,17 +129,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                    watch: StallWatch | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails. With a
     `watch`, this process's saves and restores are watched for stalls (runner.stall)."""
-    watch = watch or StallWatch(0, lambda _message: None)
-
-    def moved(n: int) -> None:
-        watch.tick(n)
-        if progress is not None:
-            progress(n)
-
-    fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
-                      options.format_options(), moved)
-    # a format that reports its bytes only once per phase cannot be watched (runner.stall)
-    watched = watch if getattr(fmt, "streams_progress", True) else StallWatch(0, watch.on_stall)
+    fmt, watched = _watched_format(plan, my_ranks, backend, comm, options, progress, watch)
     coordinator = comm.rank == 0
     for it in range(1, options.iterations + 1):
         ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
@@ -202,6 +193,26 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         comm.barrier()
         if coordinator and not options.keep:
             backend.remove_tree(ckpt)
+
+
+def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
+                    options: RunOptions, progress: Callable[[int], None] | None,
+                    watch: StallWatch | None) -> tuple[Format, StallWatch]:
+    """The run's format, its bytes reported to `progress` and to the stall `watch`, its
+    waits for peers holding the watch; and the watch to arm around its phases (one that
+    never fires for a format that reports its bytes only once per phase)."""
+    watch = watch or StallWatch(0, lambda _message: None)
+
+    def moved(n: int) -> None:
+        watch.tick(n)
+        if progress is not None:
+            progress(n)
+
+    fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
+                      options.format_options(), moved)
+    if getattr(fmt, "streams_progress", True):
+        return fmt, watch
+    return fmt, StallWatch(0, watch.on_stall)
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:

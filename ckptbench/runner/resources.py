@@ -87,7 +87,7 @@ def resource_error(req: RunRequest, topo: Topology, available: int | None = None
     if not needs:
         return None
     o = req.options
-    memory, threads, ranks = max(needs.values())
+    memory, _threads, ranks = max(needs.values())
     busiest = max(n[1] for n in needs.values())
     if busiest > MAX_HOST_THREADS:
         per_host = max(n[2] for n in needs.values())

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, run_cmd  # noqa: E402
+from ckptbench.cli import main, run_cmd
 
 
 def _manifest(ckpt: Path) -> Path:
@@ -85,7 +85,7 @@ ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "manifest-short-digests": _edit_manifest(_short_digests),
     "manifest-wrong-digest": _edit_manifest(_wrong_digest),
     "set-field": _set_field,
-    "write": lambda ckpt, arg: _write("", b"garbage{")(ckpt, arg),
+    "write": _write("", b"garbage{"),
     "unlink": _unlink,
 }
 
