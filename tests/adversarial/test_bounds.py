@@ -8,6 +8,12 @@ write, on a real file).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +25,7 @@ from ckptbench.runner.options import RunOptions, RunRequest
 from ckptbench.runner.session import Topology
 from ckptbench.spec import load_workload
 
-from .runs import TINY, ckptbench, one_line, records, sabotaged
+from .runs import SABOTAGE, TINY, ckptbench, env, one_line, records, sabotaged
 
 GiB = 1 << 30
 
@@ -106,6 +112,34 @@ def test_a_rank_whose_storage_stops_answering_fails_the_run(tmp_path: Path) -> N
     assert elapsed < 60, elapsed
     assert not (tmp_path / "t").exists()
     assert not any(p["ok"] for p in records(results) if p["type"] == "phase")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="needs mpirun and mpi4py")
+def test_a_stalled_mpi_rank_ends_the_job(tmp_path: Path) -> None:
+    """Under MPI each process watches itself: MPI rank 0 (plan ranks 0-1) stalls on rank
+    1's file, says so and exits, and mpirun ends the job."""
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PYTHONPATH", sys.executable,
+           str(SABOTAGE), "hang:__1_", "--", str(TINY), "--target", str(tmp_path / "t"),
+           "--block-size", "1MiB", "--stall-timeout", "2s", "--results",
+           str(tmp_path / "r.jsonl")]
+    mpi_env = {**env(), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=mpi_env, start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the MPI job was still running 120 s after a rank stalled")
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "ckptbench: error: MPI rank 0 on " in err and (
+        "stalled: no byte moved for 2 s during the save of checkpoint-1") in err, err[-3000:]
+    assert "Traceback" not in err
 
 
 def test_only_a_process_with_bytes_to_move_can_stall() -> None:
