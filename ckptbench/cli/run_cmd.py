@@ -29,7 +29,7 @@ from ckptbench.plan import build_plan
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
-from ckptbench.units import parse_size
+from ckptbench.units import parse_duration, parse_size
 
 
 def width_options(f: Any) -> Any:
@@ -53,6 +53,13 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
         yield
     except CkptbenchError as exc:
         raise SystemExit(exc.exit_code) from None
+
+
+def parse_stall_timeout(text: str) -> float:
+    """--stall-timeout: a duration, or off (0 means off too)."""
+    if text.strip().lower() in ("off", "0", "0s"):
+        return 0.0
+    return parse_duration(text, "--stall-timeout")
 
 
 @click.command("run")
@@ -89,6 +96,9 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 @click.option("--codec", default="none", show_default=True,
               help="zarr only: none, zstd[:level=N], lz4[:acceleration=N], blosc[:cname=C,clevel=N,"
                    "shuffle=byte|bit|none]; any takes inner_chunks=N (inner chunks per shard).")
+@click.option("--stall-timeout", default="120s", show_default=True,
+              help="Fail the run when a rank moves no byte for this long while saving or "
+                   "restoring (e.g. 30s, 10min; off: never). Raise it for very slow storage.")
 @backend_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as JSON, alone on stdout (progress and banner: stderr).")
@@ -96,8 +106,8 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
                 threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
-                results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
-                wide: bool, width: int | None,
+                results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
+                as_json: bool, wide: bool, width: int | None,
                 **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     backend_flags = typed_backend_flags(click.get_current_context())
@@ -106,14 +116,15 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
     with quiet_unless_root(launch):  # under MPI only rank 0 prints
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
-             backend_flags, fmt=fmt, codec=codec, width=table.output_width(wide, width))
+             backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
+             width=table.output_width(wide, width))
 
 
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
-         codec: str = "none", width: int | None = 80) -> None:
+         codec: str = "none", stall_timeout: str = "120s", width: int | None = 80) -> None:
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -126,6 +137,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
+        stall_timeout=parse_stall_timeout(stall_timeout),
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,

@@ -18,7 +18,6 @@ Contract of every format (the :class:`Format` protocol):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
+from ckptbench.formats.verify import parse_manifest
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
@@ -100,6 +100,8 @@ class ThreadResult:
 
     ops: list[TimedOp] = field(default_factory=list)
     digests: dict[int, list[int]] = field(default_factory=dict)  # file index -> chunk digests
+    # metadata objects written (name relative to the checkpoint -> digest), for the manifest
+    objects: dict[str, int] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -129,11 +131,38 @@ def round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+THREAD_BYTES = 256 << 10  # what a Python thread costs, about (stack pages, its state)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How one process sizes its I/O: the block rounded to the backend's alignment, and
+    threads and prefill per plan rank (a process running a group of plan ranks, MPI with
+    fewer processes than ranks, gets each rank's share)."""
+
+    align: int
+    block: int
+    nthreads: int
+    share: int  # payload bytes per thread made before the clock
+    nbuf: int  # buffers of a thread's ring when the prefill bounds it
+
+    @classmethod
+    def of(cls, options: FormatOptions, nranks: int, alignment: int) -> Sizing:
+        align = max(alignment, 1)
+        block = round_up(options.block_size, max(align, 8))
+        nthreads = max(1, options.threads) * max(1, nranks)
+        share = options.prefill_bytes * max(1, nranks) // nthreads
+        return cls(align, block, nthreads, share, max(2, share // block))
+
+
 class FormatBase:
     """What every format derives from the same inputs: the payload generator, the block
     size rounded to the backend's alignment, threads and prefill per process."""
 
     name: ClassVar[str] = "?"
+    # progress(n) is called as bytes move (each block or chunk): the runner can watch for
+    # stalls; False when a format only learns of its bytes once a whole phase is done
+    streams_progress: ClassVar[bool] = True
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
@@ -144,14 +173,21 @@ class FormatBase:
         self.o = options
         self.progress = progress or (lambda n: None)
         self.gen = PayloadGenerator(options.payload, options.seed)
-        self.align = max(backend.alignment, 1)
-        self.block = round_up(options.block_size, max(self.align, 8))
-        # threads and prefill are per plan rank: a process running a group of plan ranks
-        # (MPI with fewer processes than ranks) gets each rank's share.
-        self.nthreads = max(1, options.threads) * max(1, len(ranks))
-        prefill = options.prefill_bytes * max(1, len(ranks))
-        self.share = prefill // self.nthreads  # payload bytes per thread made before the clock
-        self.nbuf = max(2, self.share // self.block)
+        size = Sizing.of(options, len(ranks), backend.alignment)
+        self.align, self.block, self.nthreads = size.align, size.block, size.nthreads
+        self.share, self.nbuf = size.share, size.nbuf
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """About the most memory one process running plan ranks `ranks` takes: the save's
+        payload buffers (the prefill, at least two blocks per thread), the restore's read
+        ring (two to four blocks per thread, faulted in before the clock), thread stacks.
+        The runner refuses a run whose processes on one host would not fit its memory."""
+        size = Sizing.of(options, len(ranks), alignment)
+        save = max(size.share, 2 * size.block) * size.nthreads
+        restore = max(2, min(size.nbuf, 4)) * size.block * size.nthreads
+        return max(save, restore) + 2 * size.nthreads * THREAD_BYTES
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
@@ -168,21 +204,20 @@ class FormatBase:
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
                       ) -> tuple[dict[str, Any], tuple[int, int]]:
         """Read the commit manifest, timed (it is the restore's first step), and check it
-        covers `jobs` and was written in this format; refuse an uncommitted checkpoint."""
+        covers `jobs` and was written in this format; refuse an uncommitted checkpoint or
+        a manifest that does not hold what the restore needs (one line naming it)."""
         t0 = now()
         try:
-            manifest = json.loads(self.backend.get(manifest_key))
+            data = self.backend.get(manifest_key)
         except FileNotFoundError:
             raise VerificationError(
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
             ) from None
         t1 = now()
+        manifest = parse_manifest(manifest_key, data, jobs)
         written = manifest.get("format", "raw")
         if written != self.name:
             raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")
-        for job in jobs:
-            if job.name not in manifest["files"]:
-                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
         return manifest, (t0, t1)
 
 

@@ -12,11 +12,10 @@ import contextlib
 import threading
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, now, round_up
 from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
+from ckptbench.formats.verify import describe_difference, first_difference
 from ckptbench.payload import ChunkHasher, Region
 
 
@@ -217,21 +216,26 @@ class RawFormat(FormatBase):
             ring.stop()
 
     def _locate(self, job: FileJob, region: Region) -> str:
-        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock)."""
+        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock);
+        or say the bytes are intact and it is the recorded digest that differs."""
         n = region.end - region.start
         expected = self.gen.expected(job.base, region)
         start = region.start // self.align * self.align
-        buf = aligned_buffer(round_up(region.end - start, self.align) + self.align)
+        span = round_up(region.end - start, self.align)
+        buf = aligned_buffer(span + self.align)
         handle = self.backend.open_read(job.key)
         try:
-            got = handle.readinto(job.offset + start, memoryview(buf)[:round_up(region.end - start, self.align)])  # type: ignore[arg-type]
+            got = handle.readinto(job.offset + start, memoryview(buf)[:span])  # type: ignore[arg-type]
         finally:
             handle.close()
-        data = buf[region.start - start:region.start - start + n]
-        differ = np.flatnonzero(data[:max(0, got - (region.start - start))] != expected[:got])
-        first = int(differ[0]) if len(differ) else min(n, max(0, got - (region.start - start)))
-        return (f"chunk {region.key} in {job.key}: bytes differ from offset "
-                f"{job.offset + region.start + first} (chunk byte {first} of {n})")
+        lead = region.start - start
+        data = buf[lead:lead + max(0, min(n, got - lead))]
+        where = f"chunk {region.key} in {job.key}"
+        first = first_difference(data, expected)
+        if first is not None and first < len(data):
+            return (f"{where}: bytes differ from offset {job.offset + region.start + first} "
+                    f"(chunk byte {first} of {n})")
+        return f"{where}: {describe_difference(data, expected)}"
 
     def restore(self, jobs: list[FileJob], manifest_key: str
                 ) -> tuple[list[ThreadResult], tuple[int, int]]:

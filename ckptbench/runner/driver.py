@@ -28,6 +28,7 @@ from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
+    Format,
     ThreadResult,
     TimedOp,
     file_jobs,
@@ -47,6 +48,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.stall import StallWatch, WatchedGroup
 
 OP_KINDS = ("open", "write", "fsync", "close", "read")
 
@@ -76,6 +78,7 @@ class PhaseReport:
     host: str
     backend_stats: dict[str, int]
     manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
+    objects: dict[str, int] | None = None  # metadata objects written and their digests
 
 
 def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
@@ -86,7 +89,8 @@ def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
                   job_rank[o.file], t) for t, r in enumerate(results) for o in r.ops]
     return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
                        [m for r in results for m in r.mismatches],
-                       describe_error(error) if error else None, comm.host(), backend_stats)
+                       describe_error(error) if error else None, comm.host(), backend_stats,
+                       objects={k: d for r in results for k, d in r.objects.items()})
 
 
 def _records(plan: Plan, iteration: int, phase: str,
@@ -121,10 +125,11 @@ def _records(plan: Plan, iteration: int, phase: str,
 
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
                    comm: Comm, options: RunOptions, sink: RecordSink | None,
-                   progress: Callable[[int], None] | None = None) -> None:
-    """Run every iteration; raise RunFailed (on every process) when one fails."""
-    fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
-                      progress)
+                   progress: Callable[[int], None] | None = None,
+                   watch: StallWatch | None = None) -> None:
+    """Run every iteration; raise RunFailed (on every process) when one fails. With a
+    `watch`, this process's saves and restores are watched for stalls (runner.stall)."""
+    fmt, watched = _watched_format(plan, my_ranks, backend, comm, options, progress, watch)
     coordinator = comm.rank == 0
     for it in range(1, options.iterations + 1):
         ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
@@ -133,7 +138,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
 
         # --- save ---
         try:
-            results = fmt.save(jobs)
+            with watched.watching(f"the save of {plan.checkpoint_name(it)}"):
+                results = fmt.save(jobs)
             err = first_error(results)
         except BaseException as exc:
             results, err = [], exc
@@ -164,7 +170,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
             manifest_t: tuple[int, int] | None = None
             try:
-                rresults, manifest_t = fmt.restore(rjobs, manifest_key)
+                with watched.watching(f"the restore of {plan.checkpoint_name(it)}"):
+                    rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:
                 rresults, rerr = [], exc
@@ -188,6 +195,26 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             backend.remove_tree(ckpt)
 
 
+def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
+                    options: RunOptions, progress: Callable[[int], None] | None,
+                    watch: StallWatch | None) -> tuple[Format, StallWatch]:
+    """The run's format, its bytes reported to `progress` and to the stall `watch`, its
+    waits for peers holding the watch; and the watch to arm around its phases (one that
+    never fires for a format that reports its bytes only once per phase)."""
+    watch = watch or StallWatch(0, lambda _message: None)
+
+    def moved(n: int) -> None:
+        watch.tick(n)
+        if progress is not None:
+            progress(n)
+
+    fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
+                      options.format_options(), moved)
+    if getattr(fmt, "streams_progress", True):
+        return fmt, watch
+    return fmt, StallWatch(0, watch.on_stall)
+
+
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
     return next((r.error for r in gathered if r.error), None)
 
@@ -200,8 +227,10 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
     commit: tuple[int, int] | None = None
     if failure is None:
         digests: dict[int, list[int]] = {}
+        objects: dict[str, int] = {}
         for report in gathered:
             digests.update(report.digests)
+            objects.update(report.objects or {})
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "run_id": options.run_id,
@@ -213,6 +242,8 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             "codec": options.codec,
             "files": manifest_files(plan, ckpt, digests),
         }
+        if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
+            manifest["objects"] = dict(sorted(objects.items()))
         try:
             t0 = now()
             backend.put_atomic(manifest_key, json.dumps(manifest).encode())

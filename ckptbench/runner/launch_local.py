@@ -25,6 +25,7 @@ from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.session import Launcher, Progress, Topology
+from ckptbench.runner.stall import OnStall, StallWatch
 
 GRACE_S = 5.0  # after a process fails, how long the others get to report before being stopped
 COORDINATED_EXIT = (1, 2)  # exit codes of processes that reported their error
@@ -59,6 +60,18 @@ class QueueSink:
         return None
 
 
+def _report_stall(errors: Any, records: Any) -> OnStall:
+    """A stalled rank tells the parent why and exits (its I/O threads cannot be stopped):
+    the parent stops the others and cleans up, as for any rank that failed."""
+    def stalled(message: str) -> None:
+        errors.put(("stall", message))
+        for q in (records, errors):
+            q.close()
+            q.join_thread()
+        os._exit(COORDINATED_EXIT[0])
+    return stalled
+
+
 def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list[Any],
            progress: Any, errors: Any, records: Any) -> None:
     die_with_parent(parent)
@@ -70,10 +83,12 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
     def tick(n: int) -> None:
         progress[index] += n
 
+    watch = StallWatch(req.options.stall_timeout, _report_stall(errors, records),
+                       f"rank {ranks[index]}")
     code = 0
     try:
         run_iterations(req.plan, [ranks[index]], ranks, req.backend, comm, req.options,
-                       QueueSink(records) if index == 0 else None, tick)
+                       QueueSink(records) if index == 0 else None, tick, watch)
     except RunFailed as exc:
         if index == 0:
             errors.put((exc.kind, str(exc)))

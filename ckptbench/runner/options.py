@@ -32,6 +32,7 @@ class RunOptions:
     restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
     format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
     codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
+    stall_timeout: float = 120.0  # s without a byte moved while saving/restoring; 0: off
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,7 @@ from ckptbench.plan import Plan
 from ckptbench.plan.export import summary as plan_summary
 from ckptbench.records import SCHEMA, ClockRecord, JsonlSink, environment
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.resources import check_options, resource_error
 
 Progress = Callable[[int], None]
 
@@ -212,8 +213,10 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     sink stays open for the caller to append the summary; `on_start` is called on process
     0 once the target and the results file are known to be usable.
     """
+    check_options(req)
     topo = launcher.topology(req)
     check_supported(req.plan, req.backend, req.options.restore, len(topo.groups))
+    launcher.agree(resource_error(req, topo), "checking the memory the run needs")
     shift = restore_shift(req, topo, launcher.kind)
     req = replace(req, options=replace(req.options, run_id=topo.run_id,
                                        restore_shift=shift["value"]))

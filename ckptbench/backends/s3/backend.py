@@ -31,6 +31,8 @@ from ckptbench.backends.s3.reader import S3Reader
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
 
+UPLOAD_PAGES = 10  # of 1,000 unfinished uploads each, listed when cleaning up
+
 
 class S3Backend(Backend):
     name = "s3"
@@ -114,7 +116,7 @@ class S3Backend(Backend):
         if not self.created_marker:
             return
         base = f"{self.prefix}/" if self.prefix else ""
-        client = self._client("quick" if self._proc().dead else "main")
+        client = self._cleanup_client()
         try:
             with self.calls("release the target"):
                 listing = client.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=3)
@@ -124,6 +126,11 @@ class S3Backend(Backend):
                 self.created_marker = False
         except BackendError:
             self._proc().count("cleanup_errors")
+
+    def _cleanup_client(self) -> Any:
+        """Cleanup (deletes, aborts) is bounded: short timeouts, and one try once the
+        endpoint has stopped answering, so a frozen server cannot hold a run's exit."""
+        return self._client("last" if self._proc().dead else "quick")
 
     def _head(self, key: str, action: str) -> bool:
         from botocore.exceptions import ClientError
@@ -171,7 +178,7 @@ class S3Backend(Backend):
         if not prefix.strip("/") or exact == self.marker_key:
             raise BackendError(f"{self.target}: refusing to remove the whole target")
         base = exact + "/"
-        client = self._client("quick" if self._proc().dead else "main")
+        client = self._cleanup_client()
         try:
             with self.calls(f"remove {prefix}"):
                 pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
@@ -187,12 +194,30 @@ class S3Backend(Backend):
                             batch = []
                 if batch:
                     self._delete(client, batch)
-                uploads = client.list_multipart_uploads(Bucket=self.bucket, Prefix=base)
-                for up in uploads.get("Uploads", []):
-                    client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
-                                                  UploadId=up["UploadId"])
+                for key, upload_id in self._uploads_under(client, base):
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=key,
+                                                  UploadId=upload_id)
         except BackendError:
             self._proc().count("cleanup_errors")
+
+    def _uploads_under(self, client: Any, base: str) -> list[tuple[str, str]]:
+        """(key, upload id) of the unfinished multipart uploads under `base`. MinIO takes
+        a prefix for this listing as an exact object name, so when the prefixed listing
+        is empty the bucket's own is filtered instead (at most UPLOAD_PAGES pages)."""
+        found = self._list_uploads(client, base)
+        if not found:
+            found = [u for u in self._list_uploads(client, "") if u[0].startswith(base)]
+        return found
+
+    def _list_uploads(self, client: Any, prefix: str) -> list[tuple[str, str]]:
+        args = {"Bucket": self.bucket, **({"Prefix": prefix} if prefix else {})}
+        pages = client.get_paginator("list_multipart_uploads").paginate(**args)
+        out: list[tuple[str, str]] = []
+        for n, page in enumerate(pages):
+            out += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+            if n + 1 >= UPLOAD_PAGES:
+                break
+        return out
 
     def _delete(self, client: Any, batch: list[dict[str, str]]) -> None:
         resp = client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
