@@ -18,7 +18,6 @@ Contract of every format (the :class:`Format` protocol):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
+from ckptbench.formats.manifest import load_manifest
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
@@ -61,6 +61,15 @@ class FormatOptions:
     codec: str = "none"
 
 
+@dataclass(frozen=True)
+class ChunkRead:
+    """One saved chunk a restoring rank reads whole (a ranged read), and where its digest
+    sits in its file's manifest entry."""
+
+    region: Region  # the chunk's bytes, relative to the job's offset
+    digest: int  # index into the file's manifest "digests"
+
+
 @dataclass
 class FileJob:
     """One file of the plan (or one rank's region of a shared file), as a process writes
@@ -74,6 +83,10 @@ class FileJob:
     base: int  # payload stream key
     offset: int = 0  # where the job's bytes start in the file
     file_size: int = 0  # size of the whole file when several ranks share it, else 0
+    # A restore plan's job: the chunks `reader` reads from this file (`rank` wrote it),
+    # in order; None for a job that reads or writes the whole file.
+    reads: list[ChunkRead] | None = None
+    reader: int = -1
 
     @property
     def name(self) -> str:
@@ -92,6 +105,7 @@ class TimedOp:
     start_ns: int
     end_ns: int
     extra: dict[str, Any] | None = None
+    rank: int = -1  # the plan rank it was for, when not the file's writer (restore plans)
 
 
 @dataclass
@@ -104,8 +118,8 @@ class ThreadResult:
     error: BaseException | None = None
 
     def op(self, op: str, file: int, nbytes: int, start_ns: int, end_ns: int,
-           extra: dict[str, Any] | None = None) -> None:
-        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra))
+           extra: dict[str, Any] | None = None, rank: int = -1) -> None:
+        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra, rank))
 
 
 def first_error(results: list[ThreadResult]) -> BaseException | None:
@@ -171,7 +185,7 @@ class FormatBase:
         covers `jobs` and was written in this format; refuse an uncommitted checkpoint."""
         t0 = now()
         try:
-            manifest = json.loads(self.backend.get(manifest_key))
+            manifest, _size = load_manifest(self.backend, manifest_key, self.block)
         except FileNotFoundError:
             raise VerificationError(
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"

@@ -22,6 +22,7 @@ rank's first read.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -116,6 +117,18 @@ def build_restore_plan(plan: Plan) -> RestorePlan:
     world = w.restore_parallel.world_size
     ptr = np.searchsorted(read_rank, np.arange(world + 1))
     return RestorePlan(plan, w.restore_parallel, read_chunk, ptr, "dcp")
+
+
+_BUILT: weakref.WeakKeyDictionary[Plan, RestorePlan] = weakref.WeakKeyDictionary()
+
+
+def restore_plan_of(plan: Plan) -> RestorePlan:
+    """The restore plan of `plan`, built once per plan (processes forked after the first
+    call share it)."""
+    rplan = _BUILT.get(plan)
+    if rplan is None:
+        rplan = _BUILT[plan] = build_restore_plan(plan)
+    return rplan
 
 
 def own_files_plan(plan: Plan, source: str) -> RestorePlan:
@@ -236,5 +249,5 @@ def overlaps(r_off: np.ndarray, r_size: np.ndarray, s_off: np.ndarray, s_size: n
     return group[keep], cand[keep]
 
 
-__all__ = ["RESTORE_PLAN_SCHEMA", "RestorePlan", "build_restore_plan",
+__all__ = ["RESTORE_PLAN_SCHEMA", "RestorePlan", "build_restore_plan", "restore_plan_of",
            "overlaps", "own_files_plan"]

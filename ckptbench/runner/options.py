@@ -32,6 +32,9 @@ class RunOptions:
     restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
     format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
     codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
+    # dcp: each rank of the restore layout reads what DCP's load planner reads (raw format);
+    # files: each rank reads back the files it wrote, whole
+    restore_plan: str = "dcp"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
