@@ -366,6 +366,19 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     )
 
 
+def workload_from_dict(data: Mapping[str, Any]) -> Workload:
+    """A workload from :meth:`Workload.to_dict` (as results files and manifests carry it)."""
+    tables: dict[str, Any] = {"workload": {"name": data.get("name", "workload"),
+                                           "description": data.get("description", "")}}
+    for section in ("model", "state", "parallel", "checkpoint"):
+        if isinstance(data.get(section), Mapping):
+            tables[section] = dict(data[section])
+    restore = data.get("restore")
+    if isinstance(restore, Mapping):
+        tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
+    return parse_workload(tables, name=str(data.get("name", "workload")))
+
+
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)

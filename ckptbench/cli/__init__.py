@@ -18,6 +18,7 @@ def cli() -> None:
     \b
     ckptbench plan WORKLOAD             what each rank writes
     ckptbench run WORKLOAD --target DIR save and restore, measured
+    ckptbench restore CHECKPOINT        restore a kept checkpoint again, measured
     ckptbench report RESULTS            summarize a results file
     ckptbench cadence ...               optimal checkpoint interval against MTBF
     ckptbench backends                  storage backends, their capabilities and options
@@ -26,9 +27,9 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so each command lives in its own module and the group stays thin.
-    from ckptbench.cli import backend_options, cadence_cmd, plan_cmd, run_cmd
+    from ckptbench.cli import backend_options, cadence_cmd, plan_cmd, restore_cmd, run_cmd
 
-    for module in (plan_cmd, run_cmd, cadence_cmd, backend_options):
+    for module in (plan_cmd, run_cmd, restore_cmd, cadence_cmd, backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)
 

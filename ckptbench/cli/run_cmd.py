@@ -76,6 +76,27 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
             table.add_row(name, e["phase"], str(e["iteration"]), "", "FAILED", "", "", "", "", e["message"][:60], "")
     console.print(table)
     render_storage(console, loaded)
+    render_restore(console, loaded)
+
+
+def render_restore(console: Console, loaded: list[dict[str, Any]]) -> None:
+    """How the restores read: the plan, bytes read against the checkpoint, fan-in, manifest."""
+    rows = [(res, s) for res in loaded for s in res["summary"]
+            if s["phase"] == "restore" and "restore_plan" in s]
+    if not rows:
+        return
+    table = Table(title="restore reads (amplification = bytes read / checkpoint bytes)")
+    for col in ("run", "plan", "ranks", "GiB read", "amplification", "readers/file max",
+                "manifest MiB", "manifest s"):
+        table.add_column(col, justify="left" if col in ("run", "plan") else "right")
+    for res, s in rows:
+        amp = s.get("amplification")
+        table.add_row(res["run"].get("workload", {}).get("name", "?"), s["restore_plan"],
+                      str(s.get("restore_world_size", s["ranks"])), f"{s['bytes'] / 2**30:.3f}",
+                      "-" if amp is None else f"{amp:.3f}x", str(s.get("file_readers_max", "-")),
+                      f"{s.get('manifest_bytes', 0) / 2**20:.2f}",
+                      "-" if "manifest_s" not in s else f"{s['manifest_s']:.3f}")
+    console.print(table)
 
 
 def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:

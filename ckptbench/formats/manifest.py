@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ckptbench.backends import Backend
-from ckptbench.errors import VerificationError
+from ckptbench.errors import CkptbenchError, VerificationError
 from ckptbench.formats.pipeline import aligned_buffer
 
 READ_BLOCK = 8 << 20
@@ -40,8 +40,8 @@ def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
 
 def load_manifest(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[dict[str, Any], int]:
     """Read the whole manifest (padding included, as DCP reads all of .metadata); return
-    its JSON and its size. FileNotFoundError when absent; VerificationError when it is not
-    a ckptbench manifest or not all there."""
+    its JSON and its size. FileNotFoundError when absent; CkptbenchError when it is not a
+    ckptbench manifest; VerificationError when it is not all there."""
     if not backend.exists(key):
         raise FileNotFoundError(key)
     align = max(backend.alignment, 1)
@@ -67,10 +67,10 @@ def load_manifest(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[
     try:
         manifest = json.loads(bytes(head))
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise VerificationError(f"{key}: not a ckptbench manifest (its first line is not "
-                                "JSON); the checkpoint is not restored") from None
+        raise CkptbenchError(f"{key}: not a ckptbench manifest (its first line is not JSON);"
+                             " the checkpoint is not restored") from None
     if not isinstance(manifest, dict):
-        raise VerificationError(f"{key}: not a ckptbench manifest; the checkpoint is not restored")
+        raise CkptbenchError(f"{key}: not a ckptbench manifest; the checkpoint is not restored")
     expected = manifest.get("size")
     if isinstance(expected, int) and expected and expected != size:
         raise VerificationError(f"{key}: manifest is {size} bytes, {expected} were written "

@@ -133,7 +133,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
                       progress)
     coordinator = comm.rank == 0
-    rplan = restore_plan_of(plan) if uses_restore_plan(options) else None
+    rplan = restore_plan_of(plan) if options.uses_restore_plan else None
     restore_ranks: list[int] = []
     written: set[int] | None = None
     if rplan is not None:
@@ -141,25 +141,14 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                                           rplan.world_size, options.restore_shift)
         if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
             written = {f for r in all_ranks for f in plan.files_of_rank(r)}
+    restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
     for it in range(1, options.iterations + 1):
-        ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
+        ckpt = options.checkpoint or f"{options.run_id}/{plan.checkpoint_name(it)}"
+        saved_as = options.checkpoint_iteration if restore_only else it
         manifest_key = f"{ckpt}/{plan.manifest}"
-        jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
-
-        # --- save ---
-        try:
-            results = fmt.save(jobs)
-            err = first_error(results)
-        except BaseException as exc:  # noqa: BLE001 - decided together below
-            results, err = [], exc
-        gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
-        decision: dict[str, Any] = {"ok": True}
-        if coordinator:
-            assert gathered is not None
-            decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
-        decision = comm.bcast(decision)
-        if not decision["ok"]:
-            raise RunFailed(decision["message"], decision["kind"])
+        jobs = file_jobs(plan, my_ranks, ckpt, saved_as, options.seed)
+        if not restore_only:
+            _save(plan, jobs, fmt, backend, comm, ckpt, manifest_key, it, options, sink)
 
         # --- cache ---
         method = "none"
@@ -176,14 +165,16 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         # --- restore ---
         if options.restore:
             manifest_t: tuple[int, int] | None = None
+            rjobs: list[FileJob] = []
+            decision: dict[str, Any] = {"ok": True}
             try:
                 if rplan is not None:
-                    rjobs, _, _ = restore_jobs(rplan, restore_ranks, ckpt, it, options.seed,
-                                               written)
+                    rjobs, _, _ = restore_jobs(rplan, restore_ranks, ckpt, saved_as,
+                                               options.seed, written)
                     rresults = fmt.restore_ranged(rjobs, manifest_key, restore_ranks)  # type: ignore[attr-defined]
                 else:
                     read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
-                    rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
+                    rjobs = file_jobs(plan, read_ranks, ckpt, saved_as, options.seed)
                     rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:  # noqa: BLE001
@@ -197,7 +188,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 assert rgathered is not None and methods is not None
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink,
                                            _restore_facts(plan, rplan, all_ranks, written))
-                if not decision["ok"] and not options.keep:
+                if not decision["ok"] and not (options.keep or restore_only):
                     backend.remove_tree(ckpt)
             decision = comm.bcast(decision)
             if not decision["ok"]:
@@ -205,14 +196,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
 
         # --- cleanup ---
         comm.barrier()
-        if coordinator and not options.keep:
+        if coordinator and not (options.keep or restore_only):
             backend.remove_tree(ckpt)
-
-
-def uses_restore_plan(options: RunOptions) -> bool:
-    """Restores run the DCP restore plan: asked for, and the raw format (the others
-    read back their own files)."""
-    return options.restore and options.restore_plan == "dcp" and options.format == "raw"
 
 
 def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
@@ -246,6 +231,25 @@ def _fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
         return {}
     return {"file_readers_max": counts[-1], "file_readers_median": counts[len(counts) // 2],
             "files_read": len(counts)}
+
+
+def _save(plan: Plan, jobs: list[FileJob], fmt: Any, backend: Backend, comm: Comm, ckpt: str,
+          manifest_key: str, it: int, options: RunOptions, sink: RecordSink | None) -> None:
+    """The save phase: the format writes, process 0 commits the manifest or removes the
+    partial checkpoint; raises RunFailed on every process when any failed."""
+    try:
+        results = fmt.save(jobs)
+        err = first_error(results)
+    except BaseException as exc:  # noqa: BLE001 - decided together below
+        results, err = [], exc
+    gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
+    decision: dict[str, Any] = {"ok": True}
+    if comm.rank == 0:
+        assert gathered is not None
+        decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
+    decision = comm.bcast(decision)
+    if not decision["ok"]:
+        raise RunFailed(decision["message"], decision["kind"])
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
