@@ -636,10 +636,17 @@ def scale_measurements(summaries: Mapping[str, Mapping[str, Any]], checkpoint_by
         if rates[phase] < scaled:
             text += f", capped at the aggregate ceiling {format_bandwidth(rates[phase])}"
         described.append(text)
+    # A restore reads what the measured restore layout reads: the checkpoint times the
+    # read amplification of its restore plan (replicas, resharding), recorded by the run.
+    amplification = summaries["restore"].get("amplification") or 1.0
+    if amplification != 1.0:
+        described.append(f"restore reads {amplification:.3g}x the checkpoint (the measured "
+                         "restore layout's amplification)")
+    details["restore_amplification"] = amplification
     assumption = "; ".join(described)
     return ScaledCost(
         save_s=checkpoint_bytes / rates["save"],
-        restore_s=checkpoint_bytes / rates["restore"],
+        restore_s=checkpoint_bytes * amplification / rates["restore"],
         save_bandwidth=rates["save"],
         restore_bandwidth=rates["restore"],
         assumption=assumption,

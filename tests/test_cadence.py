@@ -445,3 +445,15 @@ def test_per_node_scaling_and_aggregate_ceiling(tmp_path) -> None:
         scale_measurements({"save": summaries["save"]}, 1e12, gpus=8)
     with pytest.raises(SpecError, match="throughput_bytes_per_s"):
         scale_measurements({**summaries, "save": {"nodes": 1}}, 1e12, gpus=8)
+
+
+def test_restore_time_reads_what_the_measured_restore_layout_reads() -> None:
+    """An HSDP restore reads every replica: 2x the checkpoint at the measured rate."""
+    base = {"save": {"throughput_bytes_per_s": 10e9, "nodes": 1},
+            "restore": {"throughput_bytes_per_s": 20e9, "nodes": 1}}
+    plain = scale_measurements(base, 1e12, gpus=8)
+    hsdp = scale_measurements({**base, "restore": {**base["restore"], "amplification": 2.0}},
+                              1e12, gpus=8)
+    assert plain.restore_s == pytest.approx(50.0)
+    assert hsdp.restore_s == pytest.approx(100.0) and hsdp.save_s == plain.save_s
+    assert "restore reads 2x the checkpoint" in hsdp.assumption
