@@ -155,17 +155,26 @@ def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     ranks: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
     by_stage = split_by_stage(model_tensors(w.model), w.model.layers, layout.pp)
+    # Layers repeat: tensors of one shape and role have the same pieces in every stage
+    # (ranks aside) and the same saved chunks, so their overlaps are computed once.
+    cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for stage, tensors in enumerate(by_stage):
         mesh = stage_mesh(layout, stage)
+        first_rank = int(mesh.ranks[0])
         for t in tensors:
-            g_off, g_size, _first, g_count, holders = piece_groups(t, restore_w, mesh)
             k0 = key_ids[f"model.{t.fqn}"]
             a, b = int(key_ptr[k0]), int(key_ptr[k0 + 1])
             saved = canon[a:b]
-            group, pos = overlaps(g_off, g_size, off[saved], size[saved], len(t.shape))
-            holder_ptr = np.concatenate([[0], np.cumsum(g_count)])
-            holder_rank = holders[gather_ranges(holder_ptr, group)].astype(np.int64)
-            holder_pos = np.repeat(pos, g_count[group])
+            hit = cache.get((t.shape, t.role))
+            if hit is None or not (np.array_equal(hit[0], off[saved])
+                                   and np.array_equal(hit[1], size[saved])):
+                g_off, g_size, _first, g_count, holders = piece_groups(t, restore_w, mesh)
+                group, pos = overlaps(g_off, g_size, off[saved], size[saved], len(t.shape))
+                holder_ptr = np.concatenate([[0], np.cumsum(g_count)])
+                local = holders[gather_ranges(holder_ptr, group)].astype(np.int64) - first_rank
+                hit = cache[(t.shape, t.role)] = (off[saved], size[saved], local,
+                                                  np.repeat(pos, g_count[group]))
+            holder_rank, holder_pos = hit[2] + first_rank, hit[3]
             for entry in [model_entry(t, w.state), *optimizer_entries(t, w.state)]:
                 k = key_ids[entry.name]
                 if entry.scalar:  # a plain 0-d tensor: every rank of the stage reads it
@@ -189,11 +198,10 @@ def _dcp_order(plan: Plan, rank: np.ndarray, chunk: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     pos, per_key = _chunk_positions(plan)
     item = (rank * len(plan.keys) + plan.chunk_key[chunk].astype(np.int64)) * per_key + pos[chunk]
-    by_item = np.argsort(item, kind="stable")
+    by_item = np.argsort(item)  # items are unique: no need for a stable sort
     group = rank[by_item] * plan.n_files + plan.chunk_file[chunk[by_item]].astype(np.int64)
     _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
-    regroup = np.argsort(first[inverse.reshape(-1)].astype(np.int64) * n + np.arange(n),
-                         kind="stable")
+    regroup = np.argsort(first[inverse.reshape(-1)].astype(np.int64) * n + np.arange(n))
     return by_item[regroup]
 
 
