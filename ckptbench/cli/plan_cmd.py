@@ -46,6 +46,19 @@ def apply_restore_layout(workload: Workload, world_size: int | None,
     return with_restore(workload, overrides, option)
 
 
+def _mesh(world: int, mesh: dict[str, int]) -> str:
+    return (f"world {world:,} = pp {mesh['pp']} x dp_replicate {mesh['dp_replicate']} x "
+            f"dp_shard {mesh['dp_shard']} x tp {mesh['tp']}"
+            + (f", ep {mesh['ep']}" if mesh["ep"] > 1 else ""))
+
+
+def _table(title: str) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(no_wrap=True)
+    return table
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.3f} GiB"
 
@@ -68,19 +81,12 @@ def plan_command(workload: str, as_json: bool, ranks: str | None, restore: bool,
         return
     selected = parse_ranks(ranks, plan.world_size) if ranks else None
     if as_json:
-        out = sys.stdout
-        for piece in iter_plan_json(plan, selected):
-            out.write(piece)
+        sys.stdout.writelines(iter_plan_json(plan, selected))
         return
     s = summary(plan)
-    table = Table(title=f"plan: {s['workload']}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(no_wrap=True)
-    mesh = s["mesh"]
+    table = _table(f"plan: {s['workload']}")
     table.add_row("model / layout", f"{s['model']} / {s['layout']} ({s['files_grouping']} files)")
-    table.add_row("mesh", f"world {s['world_size']:,} = pp {mesh['pp']} x dp_replicate "
-                  f"{mesh['dp_replicate']} x dp_shard {mesh['dp_shard']} x tp {mesh['tp']}"
-                  + (f", ep {mesh['ep']}" if mesh["ep"] > 1 else ""))
+    table.add_row("mesh", _mesh(s["world_size"], s["mesh"]))
     table.add_row("total", f"{s['total_bytes']:,} B ({_gib(s['total_bytes'])})")
     table.add_row("files / chunks", f"{s['files']:,} / {s['chunks']:,} (+ manifest {s['manifest']})")
     rb = s["rank_bytes"]
@@ -95,20 +101,13 @@ def _print_restore(plan: Plan, as_json: bool, ranks: str | None) -> None:
     rplan = build_restore_plan(plan)
     selected = parse_ranks(ranks, rplan.world_size) if ranks else None
     if as_json:
-        out = sys.stdout
-        for piece in iter_restore_json(rplan, selected):
-            out.write(piece)
+        sys.stdout.writelines(iter_restore_json(rplan, selected))
         return
     s = restore_summary(rplan)
-    table = Table(title=f"restore plan: {plan.workload.name}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(no_wrap=True)
-    mesh = s["mesh"]
+    table = _table(f"restore plan: {plan.workload.name}")
     how = "DCP's default load planner" if s["source"] == "dcp" else "DLIO: own files"
     table.add_row("reads as", how)
-    table.add_row("restore mesh", f"world {s['world_size']:,} = pp {mesh['pp']} x dp_replicate "
-                  f"{mesh['dp_replicate']} x dp_shard {mesh['dp_shard']} x tp {mesh['tp']}"
-                  + (f", ep {mesh['ep']}" if mesh["ep"] > 1 else ""))
+    table.add_row("restore mesh", _mesh(s["world_size"], s["mesh"]))
     table.add_row("checkpoint", f"{s['checkpoint_bytes']:,} B ({_gib(s['checkpoint_bytes'])})")
     table.add_row("read, all ranks", f"{s['read_bytes']:,} B ({_gib(s['read_bytes'])}) in "
                   f"{s['reads']:,} reads")

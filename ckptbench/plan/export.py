@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,26 +44,32 @@ def summary(plan: Plan) -> dict[str, Any]:
     }
 
 
-def iter_plan_json(plan: Plan, ranks: Iterable[int] | None = None) -> Iterator[str]:
-    """The plan as JSON text, in pieces, so a 16k-rank plan never sits in memory as text.
-
-    All ranks are listed with their byte counts; per-file and per-chunk detail only for
-    `ranks` (all when None).
-    """
+def _iter_ranks_json(schema: str, world_size: int, total_bytes: int, rank_bytes: np.ndarray,
+                     ranks: Iterable[int] | None, field: str,
+                     detail_of: Callable[[int], list[dict[str, Any]]]) -> Iterator[str]:
+    """A plan document in pieces, so a 16k-rank plan never sits in memory as text: every
+    rank with its bytes, `field` (the detail) only for `ranks` (all when None)."""
     detail = None if ranks is None else set(ranks)
-    rank_bytes = plan.rank_bytes()
-    yield (f'{{"schema": "{PLAN_SCHEMA}", "world_size": {plan.world_size}, '
-           f'"total_bytes": {plan.total_bytes}, "ranks": [')
-    for r in range(plan.world_size):
+    yield (f'{{"schema": "{schema}", "world_size": {world_size}, '
+           f'"total_bytes": {total_bytes}, "ranks": [')
+    for r in range(world_size):
         entry: dict[str, Any] = {"rank": r, "bytes": int(rank_bytes[r])}
         if detail is None or r in detail:
-            entry["files"] = [
-                {"path": plan.file_paths[f], "bytes": int(plan.file_bytes[f]),
-                 "chunks": [c.to_dict() for c in plan.iter_chunks(f)]}
-                for f in plan.files_of_rank(r)
-            ]
+            entry[field] = detail_of(r)
         yield ("" if r == 0 else ", ") + json.dumps(entry)
     yield "]}\n"
+
+
+def iter_plan_json(plan: Plan, ranks: Iterable[int] | None = None) -> Iterator[str]:
+    """The plan as ``ckptbench.plan/1`` JSON text, in pieces: per-file and per-chunk detail
+    only for `ranks` (all when None)."""
+    def files(r: int) -> list[dict[str, Any]]:
+        return [{"path": plan.file_paths[f], "bytes": int(plan.file_bytes[f]),
+                 "chunks": [c.to_dict() for c in plan.iter_chunks(f)]}
+                for f in plan.files_of_rank(r)]
+
+    return _iter_ranks_json(PLAN_SCHEMA, plan.world_size, plan.total_bytes, plan.rank_bytes(),
+                            ranks, "files", files)
 
 
 def restore_summary(rplan: RestorePlan) -> dict[str, Any]:
@@ -99,20 +105,15 @@ def iter_restore_json(rplan: RestorePlan, ranks: Iterable[int] | None = None) ->
     """The restore plan as ``ckptbench.restoreplan/1`` JSON, in pieces. Every rank with the
     bytes it reads; the reads themselves (the *saved* chunk: key, offsets, sizes, payload
     bytes, and the file holding it) only for `ranks` (all when None)."""
-    detail = None if ranks is None else set(ranks)
     save = rplan.save
-    rank_bytes = rplan.rank_bytes()
-    yield (f'{{"schema": "{RESTORE_PLAN_SCHEMA}", "world_size": {rplan.world_size}, '
-           f'"total_bytes": {rplan.total_bytes}, "ranks": [')
-    for r in range(rplan.world_size):
-        entry: dict[str, Any] = {"rank": r, "bytes": int(rank_bytes[r])}
-        if detail is None or r in detail:
-            reads = []
-            for i in rplan.reads_of_rank(r).tolist():
-                c = save.chunk(i)
-                reads.append({"path": save.file_paths[int(save.chunk_file[i])], "key": c.key,
-                              "offsets": list(c.offsets), "sizes": list(c.sizes),
-                              "nbytes": c.nbytes})
-            entry["reads"] = reads
-        yield ("" if r == 0 else ", ") + json.dumps(entry)
-    yield "]}\n"
+
+    def reads(r: int) -> list[dict[str, Any]]:
+        out = []
+        for i in rplan.reads_of_rank(r).tolist():
+            c = save.chunk(i)
+            out.append({"path": save.file_paths[int(save.chunk_file[i])], "key": c.key,
+                        "offsets": list(c.offsets), "sizes": list(c.sizes), "nbytes": c.nbytes})
+        return out
+
+    return _iter_ranks_json(RESTORE_PLAN_SCHEMA, rplan.world_size, rplan.total_bytes,
+                            rplan.rank_bytes(), ranks, "reads", reads)
