@@ -190,7 +190,7 @@ def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner
 def test_mpi_restores_onto_another_layout_read_for_read(tmp_path, layout, ranks):
     """4 MPI processes save tiny, then the restore layout's ranks (2: FSDP2; 8: HSDP, two
     per process) read what DCP's load planner gives them, verified chunk by chunk."""
-    from tests.runner.test_restore import measured_reads, planned_reads
+    from tests.runner.test_restore_run import measured_reads, planned_reads
 
     results = tmp_path / "r.jsonl"
     r, _ = mpirun(4, str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
