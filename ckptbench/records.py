@@ -168,11 +168,15 @@ class RestorePhaseRecord:
     verified: bool
     mismatched_chunks: int
     restore_shift: int
+    # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, amplification,
+    # planned_read_bytes, file_readers_max/median (fan-in as measured), ...
+    extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "phase", "iteration": self.iteration, "phase": "restore", "ok": self.ok,
                 "cache": self.cache, "verified": self.verified,
-                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift}
+                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift,
+                **(self.extra or {})}
 
 
 @dataclass(slots=True)

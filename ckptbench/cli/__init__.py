@@ -18,6 +18,7 @@ def cli() -> None:
     \b
     ckptbench plan WORKLOAD             what each rank writes
     ckptbench run WORKLOAD --target DIR save and restore, measured
+    ckptbench restore CHECKPOINT        restore a kept checkpoint again, measured
     ckptbench report RESULTS            summarize a results file
     ckptbench sweep WORKLOAD --target D the same run at 1, 2, 4, 8 ranks per node
     ckptbench cadence ...               optimal checkpoint interval against MTBF
@@ -27,9 +28,16 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so each command lives in its own module and the group stays thin.
-    from ckptbench.cli import backend_options, cadence_cmd, plan_cmd, run_cmd, sweep_cmd
+    from ckptbench.cli import (
+        backend_options,
+        cadence_cmd,
+        plan_cmd,
+        restore_cmd,
+        run_cmd,
+        sweep_cmd,
+    )
 
-    for module in (plan_cmd, run_cmd, sweep_cmd, cadence_cmd, backend_options):
+    for module in (plan_cmd, run_cmd, restore_cmd, sweep_cmd, cadence_cmd, backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ from rich.progress import (
 
 from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
-from ckptbench.errors import CkptbenchError
+from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
-from ckptbench.plan import build_plan
+from ckptbench.plan import Plan, build_plan
+from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.spec import load_workload, parse_ranks, scaled
@@ -62,6 +65,9 @@ def parse_stall_timeout(text: str) -> float:
     return parse_duration(text, "--stall-timeout")
 
 
+RESTORE_PLANS = ("dcp", "files")
+
+
 @click.command("run")
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--target", default="ckptbench-data", show_default=True,
@@ -96,6 +102,11 @@ def parse_stall_timeout(text: str) -> float:
 @click.option("--codec", default="none", show_default=True,
               help="zarr only: none, zstd[:level=N], lz4[:acceleration=N], blosc[:cname=C,clevel=N,"
                    "shuffle=byte|bit|none]; any takes inner_chunks=N (inner chunks per shard).")
+@click.option("--restore-plan", type=click.Choice(RESTORE_PLANS), default=None,
+              help="dcp: each rank of the restore layout reads what DCP's load planner gives "
+                   "it (replicas, resharding); files: each rank reads back its own files "
+                   "[default: dcp with --format raw, else files].")
+@restore_layout_options
 @click.option("--stall-timeout", default="120s", show_default=True,
               help="Fail the run when a rank moves no byte for this long while saving or "
                    "restoring (e.g. 30s, 10min; off: never). Raise it for very slow storage.")
@@ -107,7 +118,8 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
-                as_json: bool, wide: bool, width: int | None,
+                as_json: bool, wide: bool, width: int | None, restore_plan: str | None,
+                restore_world_size: int | None, restore_layout: str | None,
                 **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     backend_flags = typed_backend_flags(click.get_current_context())
@@ -117,15 +129,44 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
              backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
-             width=table.output_width(wide, width))
+             width=table.output_width(wide, width),
+             restore=RestoreChoice(restore_plan, restore_world_size, restore_layout))
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """The command line's restore plan and restore layout."""
+
+    plan: str | None = None
+    world_size: int | None = None
+    layout: str | None = None
+
+    def resolve(self, fmt: str) -> str:
+        """The restore plan to run: dcp for the raw format unless asked otherwise."""
+        if self.plan == "dcp" and fmt != "raw":
+            raise SpecError(f"--restore-plan dcp needs --format raw (--format {fmt} reads back "
+                            "its own files); allowed here: --restore-plan files")
+        return self.plan or ("dcp" if fmt == "raw" else "files")
+
+
+def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:
+    """Bytes one restore reads: the DCP plan's reads of the ranks that run, or the files."""
+    if restore_plan != "dcp":
+        return plan.bytes_of_ranks(selected)
+    rplan = restore_plan_of(plan)  # built here, before the processes fork: they share it
+    if len(selected) == plan.world_size:
+        return rplan.total_bytes
+    return rplan.bytes_of_ranks([r for r in selected if r < rplan.world_size])
 
 
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
-         codec: str = "none", stall_timeout: str = "120s", width: int | None = 80) -> None:
-    full = load_workload(workload)
+         codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
+         restore: RestoreChoice = RestoreChoice()) -> None:
+    full = apply_restore_layout(load_workload(workload), restore.world_size, restore.layout)
+    restore_plan = restore.resolve(fmt)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
     selected = parse_ranks(ranks, plan.world_size) if ranks else list(range(plan.world_size))
@@ -137,7 +178,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
-        stall_timeout=parse_stall_timeout(stall_timeout),
+        stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -145,7 +186,8 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)
-    total = per_iter * iterations * (1 if no_restore else 2)
+    reads = 0 if no_restore else restore_bytes(plan, selected, restore_plan)
+    total = (per_iter + reads) * iterations
     console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
                      scale=scale, restore_shift_auto=restore_shift is None)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
+from ckptbench.formats.manifest import check_size, read_manifest_bytes
 from ckptbench.formats.verify import parse_manifest
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
@@ -61,6 +62,15 @@ class FormatOptions:
     codec: str = "none"
 
 
+@dataclass(frozen=True)
+class ChunkRead:
+    """One saved chunk a restoring rank reads whole (a ranged read), and where its digest
+    sits in its file's manifest entry."""
+
+    region: Region  # the chunk's bytes, relative to the job's offset
+    digest: int  # index into the file's manifest "digests"
+
+
 @dataclass
 class FileJob:
     """One file of the plan (or one rank's region of a shared file), as a process writes
@@ -74,6 +84,10 @@ class FileJob:
     base: int  # payload stream key
     offset: int = 0  # where the job's bytes start in the file
     file_size: int = 0  # size of the whole file when several ranks share it, else 0
+    # A restore plan's job: the chunks `reader` reads from this file (`rank` wrote it),
+    # in order; None for a job that reads or writes the whole file.
+    reads: list[ChunkRead] | None = None
+    reader: int = -1
 
     @property
     def name(self) -> str:
@@ -92,6 +106,7 @@ class TimedOp:
     start_ns: int
     end_ns: int
     extra: dict[str, Any] | None = None
+    rank: int = -1  # the plan rank it was for, when not the file's writer (restore plans)
 
 
 @dataclass
@@ -106,8 +121,8 @@ class ThreadResult:
     error: BaseException | None = None
 
     def op(self, op: str, file: int, nbytes: int, start_ns: int, end_ns: int,
-           extra: dict[str, Any] | None = None) -> None:
-        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra))
+           extra: dict[str, Any] | None = None, rank: int = -1) -> None:
+        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra, rank))
 
 
 def first_error(results: list[ThreadResult]) -> BaseException | None:
@@ -201,6 +216,12 @@ class FormatBase:
         """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
         return [j.key for j in jobs]
 
+    def _chunks_in_file(self, job: FileJob) -> int:
+        """Non-empty chunks of the job's file (the digests its manifest entry holds)."""
+        if job.reads is None:
+            return len(job.regions)
+        return sum(1 for c in self.plan.iter_chunks(job.index) if c.nbytes)
+
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
                       ) -> tuple[dict[str, Any], tuple[int, int]]:
         """Read the commit manifest, timed (it is the restore's first step), and check it
@@ -208,13 +229,14 @@ class FormatBase:
         a manifest that does not hold what the restore needs (one line naming it)."""
         t0 = now()
         try:
-            data = self.backend.get(manifest_key)
+            head, size = read_manifest_bytes(self.backend, manifest_key, self.block)
         except FileNotFoundError:
             raise VerificationError(
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
             ) from None
         t1 = now()
-        manifest = parse_manifest(manifest_key, data, jobs)
+        manifest = parse_manifest(manifest_key, head, jobs, self._chunks_in_file)
+        check_size(manifest_key, manifest, size)
         written = manifest.get("format", "raw")
         if written != self.name:
             raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")

@@ -4,6 +4,7 @@ Per I/O thread a producer generates payload into a ring of aligned buffers (off 
 clock: the first buffers are filled before the barrier) and a writer times every
 open/write/fsync/close. Restore mirrors it: a reader fills the ring, a verifier checks
 each chunk's digest. Shared files (N-1) are created by process 0 before the barrier.
+A restore plan's ranged reads (DCP's load) are :class:`ckptbench.formats.ranged.RangedRestore`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, now, round_up
 from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
+from ckptbench.formats.ranged import RangedRestore
 from ckptbench.formats.verify import describe_difference, first_difference
 from ckptbench.payload import ChunkHasher, Region
 
@@ -23,7 +25,7 @@ def by_size(job: FileJob) -> int:
     return job.size
 
 
-class RawFormat(FormatBase):
+class RawFormat(RangedRestore, FormatBase):
     """One process's share of a raw save or restore."""
 
     name: ClassVar[str] = "raw"

@@ -11,7 +11,7 @@ a reader following the damaged metadata would load something else.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,19 +37,27 @@ def _one_line(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def parse_manifest(key: str, data: bytes, jobs: Iterable[Job]) -> dict[str, Any]:
+def parse_manifest(key: str, data: bytes, jobs: Iterable[Job],
+                   chunks_of: Callable[[Any], int] | None = None) -> dict[str, Any]:
     """The manifest stored at `key`, checked to hold what a restore of `jobs` reads: an
     object with a 'files' object holding, for every job, an entry with one integer digest
     per chunk; 'objects' (metadata digests), when present, maps names to integers."""
     where = f"manifest {key}"
     try:
-        manifest = json.loads(data)
+        manifest = json.loads(data.split(b"\n", 1)[0])  # the rest is padding
     except UnicodeDecodeError:
         raise VerificationError(f"{where}: not UTF-8 text (a damaged manifest); the checkpoint "
                                 "cannot be verified") from None
     except (ValueError, RecursionError) as exc:
         raise VerificationError(f"{where}: not JSON ({_one_line(str(exc))}); the checkpoint "
                                 "cannot be verified") from None
+    return check_manifest(key, manifest, jobs, chunks_of)
+
+
+def check_manifest(key: str, manifest: Any, jobs: Iterable[Job],
+                   chunks_of: Callable[[Any], int] | None = None) -> dict[str, Any]:
+    """A decoded manifest, checked as :func:`parse_manifest` says."""
+    where = f"manifest {key}"
     if not isinstance(manifest, dict):
         raise VerificationError(f"{where}: a JSON {type(manifest).__name__}, not an object "
                                 "with 'files'; the checkpoint cannot be verified")
@@ -65,9 +73,11 @@ def parse_manifest(key: str, data: bytes, jobs: Iterable[Job]) -> dict[str, Any]
                 isinstance(d, int) and not isinstance(d, bool) for d in digests):
             raise VerificationError(f"{where}: the entry of {job.name} has no 'digests' list "
                                     "of integers; the checkpoint cannot be verified")
-        if len(digests) != len(job.regions):
+        # A restore plan's job reads some of the file's chunks: the file has chunks_of(job).
+        want = chunks_of(job) if chunks_of is not None else len(job.regions)
+        if len(digests) != want:
             raise VerificationError(f"{where}: the entry of {job.name} has {len(digests)} chunk "
-                                    f"digests where the plan has {len(job.regions)} chunks")
+                                    f"digests where the plan has {want} chunks")
     objects = manifest.get("objects", {})
     if not isinstance(objects, dict) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in objects.values()):

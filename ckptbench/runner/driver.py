@@ -7,7 +7,9 @@ save      the format writes (behind a barrier: the clock starts there) -> gather
           and timed ops to process 0 -> process 0 commits the manifest atomically
 cache     each process evicts its files from caches; process 0 drops the host's page
           cache where the backend can (or O_DIRECT made it moot)
-restore   the format reads the manifest, then every chunk, and checks every digest
+restore   the format reads the manifest, then every chunk, and checks every digest: with
+          the DCP restore plan, each rank of the restore layout reads the manifest and
+          then the saved chunks DCP's load planner gives it (ranged reads)
 cleanup   process 0 deletes the checkpoint unless --keep
 
 Errors inside a phase are caught on each process and gathered, so the group always
@@ -17,7 +19,6 @@ the run stops with the finished iterations' records kept.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,7 +37,11 @@ from ckptbench.formats.base import (
     manifest_files,
     now,
 )
+from ckptbench.formats.manifest import encode_manifest
+from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
+from ckptbench.plan.metadata import dcp_metadata_bytes
+from ckptbench.plan.restore import RestorePlan, restore_plan_of
 from ckptbench.records import (
     ErrorRecord,
     OpRecord,
@@ -86,7 +91,8 @@ def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
     job_rank = {j.index: j.rank for j in jobs}
     offset = comm.clock_offset_ns()
     ops = [RankOp(replace(o, start_ns=o.start_ns + offset, end_ns=o.end_ns + offset),
-                  job_rank[o.file], t) for t, r in enumerate(results) for o in r.ops]
+                  o.rank if o.rank >= 0 else job_rank[o.file], t)
+           for t, r in enumerate(results) for o in r.ops]
     return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
                        [m for r in results for m in r.mismatches],
                        describe_error(error) if error else None, comm.host(), backend_stats,
@@ -101,8 +107,9 @@ def _records(plan: Plan, iteration: int, phase: str,
         for rop in report.ops:
             o = rop.op
             a, b = o.start_ns, o.end_ns
-            out.append(OpRecord(iteration, phase, rop.rank, rop.thread, o.op,
-                                plan.file_paths[o.file], o.nbytes, a, b, extra=o.extra))
+            name = plan.manifest if o.op == "manifest" else plan.file_paths[o.file]
+            out.append(OpRecord(iteration, phase, rop.rank, rop.thread, o.op, name, o.nbytes,
+                                a, b, extra=o.extra))
             rec = per_rank.get(rop.rank)
             if rec is None:
                 rec = per_rank[rop.rank] = RankRecord(
@@ -131,26 +138,22 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     `watch`, this process's saves and restores are watched for stalls (runner.stall)."""
     fmt, watched = _watched_format(plan, my_ranks, backend, comm, options, progress, watch)
     coordinator = comm.rank == 0
+    rplan = restore_plan_of(plan) if options.uses_restore_plan else None
+    restore_ranks: list[int] = []
+    written: set[int] | None = None
+    if rplan is not None:
+        restore_ranks = restore_positions(my_ranks, all_ranks, plan.world_size,
+                                          rplan.world_size, options.restore_shift)
+        if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
+            written = {f for r in all_ranks for f in plan.files_of_rank(r)}
+    restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
     for it in range(1, options.iterations + 1):
-        ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
+        ckpt = options.checkpoint or f"{options.run_id}/{plan.checkpoint_name(it)}"
+        saved_as = options.checkpoint_iteration if restore_only else it
         manifest_key = f"{ckpt}/{plan.manifest}"
-        jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
-
-        # --- save ---
-        try:
-            with watched.watching(f"the save of {plan.checkpoint_name(it)}"):
-                results = fmt.save(jobs)
-            err = first_error(results)
-        except BaseException as exc:
-            results, err = [], exc
-        gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
-        decision: dict[str, Any] = {"ok": True}
-        if coordinator:
-            assert gathered is not None
-            decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
-        decision = comm.bcast(decision)
-        if not decision["ok"]:
-            raise RunFailed(decision["message"], decision["kind"])
+        jobs = file_jobs(plan, my_ranks, ckpt, saved_as, options.seed)
+        if not restore_only:
+            _save(plan, jobs, fmt, watched, backend, comm, ckpt, manifest_key, it, options, sink)
 
         # --- cache ---
         method = "none"
@@ -166,12 +169,19 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
 
         # --- restore ---
         if options.restore:
-            read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
-            rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
             manifest_t: tuple[int, int] | None = None
+            rjobs: list[FileJob] = []
+            decision: dict[str, Any] = {"ok": True}
             try:
                 with watched.watching(f"the restore of {plan.checkpoint_name(it)}"):
-                    rresults, manifest_t = fmt.restore(rjobs, manifest_key)
+                    if rplan is not None:
+                        rjobs, _, _ = restore_jobs(rplan, restore_ranks, ckpt, saved_as,
+                                                   options.seed, written)
+                        rresults = fmt.restore_ranged(rjobs, manifest_key, restore_ranks)  # type: ignore[attr-defined]
+                    else:
+                        read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
+                        rjobs = file_jobs(plan, read_ranks, ckpt, saved_as, options.seed)
+                        rresults, manifest_t = fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:
                 rresults, rerr = [], exc
@@ -182,8 +192,9 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             rgathered = comm.gather(mine)
             if coordinator:
                 assert rgathered is not None and methods is not None
-                decision = _finish_restore(plan, it, rgathered, methods, options, sink)
-                if not decision["ok"] and not options.keep:
+                decision = _finish_restore(plan, it, rgathered, methods, options, sink,
+                                           _restore_facts(plan, rplan, all_ranks, written))
+                if not decision["ok"] and not (options.keep or restore_only):
                     backend.remove_tree(ckpt)
             decision = comm.bcast(decision)
             if not decision["ok"]:
@@ -191,7 +202,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
 
         # --- cleanup ---
         comm.barrier()
-        if coordinator and not options.keep:
+        if coordinator and not (options.keep or restore_only):
             backend.remove_tree(ckpt)
 
 
@@ -213,6 +224,60 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
     if getattr(fmt, "streams_progress", True):
         return fmt, watch
     return fmt, StallWatch(0, watch.on_stall)
+
+
+def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
+                   written: set[int] | None) -> dict[str, Any]:
+    """What the restore phase record says of the plan it ran."""
+    if rplan is None:
+        return {"restore_plan": "files"}
+    ranks = (list(range(rplan.world_size)) if written is None
+             else [r for r in all_ranks if r < rplan.world_size])
+    out: dict[str, Any] = {
+        "restore_plan": rplan.source, "restore_world_size": rplan.world_size,
+        "restore_ranks": len(ranks), "amplification": rplan.amplification,
+        "planned_read_bytes": rplan.bytes_of_ranks(ranks),
+    }
+    if written is not None:
+        out["reads_outside_subset"] = sum(
+            1 for r in ranks for i in rplan.reads_of_rank(r).tolist()
+            if plan.chunk_nbytes[i] and int(plan.chunk_file[i]) not in written)
+    return out
+
+
+def _fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
+    """Distinct ranks that read each file, as measured (reads of payload bytes)."""
+    readers: dict[int, set[int]] = {}
+    for report in gathered:
+        for rop in report.ops:
+            if rop.op.op == "read" and rop.op.nbytes:
+                readers.setdefault(rop.op.file, set()).add(rop.rank)
+    counts = sorted(len(v) for v in readers.values())
+    if not counts:
+        return {}
+    return {"file_readers_max": counts[-1], "file_readers_median": counts[len(counts) // 2],
+            "files_read": len(counts)}
+
+
+def _save(plan: Plan, jobs: list[FileJob], fmt: Any, watched: StallWatch, backend: Backend,
+          comm: Comm, ckpt: str, manifest_key: str, it: int, options: RunOptions,
+          sink: RecordSink | None) -> None:
+    """The save phase: the format writes, process 0 commits the manifest or removes the
+    partial checkpoint; raises RunFailed on every process when any failed."""
+    try:
+        with watched.watching(f"the save of {plan.checkpoint_name(it)}"):
+            results = fmt.save(jobs)
+        err = first_error(results)
+    except BaseException as exc:
+        results, err = [], exc
+    gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
+    decision: dict[str, Any] = {"ok": True}
+    if comm.rank == 0:
+        assert gathered is not None
+        decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
+    decision = comm.bcast(decision)
+    if not decision["ok"]:
+        raise RunFailed(decision["message"], decision["kind"])
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
@@ -240,13 +305,17 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
             "seed": options.seed,
             "format": options.format,
             "codec": options.codec,
+            "workload_spec": plan.workload.to_dict(),
             "files": manifest_files(plan, ckpt, digests),
         }
         if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
             manifest["objects"] = dict(sorted(objects.items()))
+        # As big as DCP's .metadata for the whole plan, whatever part of it ran.
+        pad = dcp_metadata_bytes(plan) if options.format == "raw" else 0
+        data = encode_manifest(manifest, pad)
         try:
             t0 = now()
-            backend.put_atomic(manifest_key, json.dumps(manifest).encode())
+            backend.put_atomic(manifest_key, data)
             commit = (t0, now())
         except BaseException as exc:
             failure = describe_error(exc)
@@ -266,7 +335,8 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
 
 
 def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],
-                    options: RunOptions, sink: RecordSink | None) -> dict[str, Any]:
+                    options: RunOptions, sink: RecordSink | None,
+                    facts: dict[str, Any] | None = None) -> dict[str, Any]:
     records = _records(plan, it, "restore", gathered)
     for proc, report in enumerate(gathered):
         if report.manifest is not None:
@@ -281,7 +351,8 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     unique_methods = sorted(set(methods))
     records.append(RestorePhaseRecord(
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
-        failure is None, len(mismatches), options.restore_shift))
+        failure is None, len(mismatches), options.restore_shift,
+        extra={**(facts or {}), **_fan_in(gathered)}))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:

@@ -33,9 +33,22 @@ class RunOptions:
     format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
     codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
     stall_timeout: float = 120.0  # s without a byte moved while saving/restoring; 0: off
+    # dcp: each rank of the restore layout reads what DCP's load planner reads (raw format);
+    # files: each rank reads back the files it wrote, whole
+    restore_plan: str = "dcp"
+    # `ckptbench restore`: restore this kept checkpoint (key prefix) instead of saving one;
+    # the iteration it was saved as (its payload's stream keys)
+    checkpoint: str = ""
+    checkpoint_iteration: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def uses_restore_plan(self) -> bool:
+        """Restores run the DCP restore plan: asked for, and the raw format (the others
+        read back their own files)."""
+        return self.restore and self.restore_plan == "dcp" and self.format == "raw"
 
     def format_options(self) -> FormatOptions:
         return FormatOptions(threads=self.threads, block_size=self.block_size,

@@ -22,7 +22,9 @@ import numpy as np
 from ckptbench.backends import Backend
 from ckptbench.errors import CkptbenchError, RunFailed
 from ckptbench.plan import Plan
+from ckptbench.plan.export import restore_summary
 from ckptbench.plan.export import summary as plan_summary
+from ckptbench.plan.restore import restore_plan_of
 from ckptbench.records import SCHEMA, ClockRecord, JsonlSink, environment
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
@@ -147,6 +149,8 @@ def run_record(req: RunRequest, launcher: str, extra: dict[str, Any]) -> dict[st
         "scale": req.scale,
         "run_workload": req.plan.workload.to_dict(),
         "plan": plan_summary(req.plan),
+        "restore": (restore_summary(restore_plan_of(req.plan)) if req.options.uses_restore_plan
+                    else {"source": "files"}),
         "ranks": req.ranks,
         "bytes_per_iteration": req.plan.bytes_of_ranks(req.ranks),
         "options": req.options.to_dict(),

@@ -24,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench.cli import main, run_cmd
+from ckptbench.formats.manifest import encode_manifest, parse_manifest
 
 
 def _manifest(ckpt: Path) -> Path:
@@ -33,7 +34,10 @@ def _manifest(ckpt: Path) -> Path:
 def _edit_manifest(edit: Callable[[Any], Any]) -> Callable[[Path, str], None]:
     def act(ckpt: Path, _arg: str) -> None:
         path = _manifest(ckpt)
-        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        data = path.read_bytes()  # JSON, a newline, then padding to DCP's .metadata size
+        edited = edit(parse_manifest(data))
+        path.write_bytes(encode_manifest(edited, len(data)) if isinstance(edited, dict)
+                         else json.dumps(edited).encode())
     return act
 
 

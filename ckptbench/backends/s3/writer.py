@@ -237,6 +237,14 @@ class ViewBody:
         self.pos = end
         return out
 
+    def readinto(self, buf: memoryview | bytearray) -> int:
+        """Fill `buf` (never more than it holds): how awscrt reads a body when it is
+        installed and botocore signs through it (read() hands out more than asked)."""
+        n = min(len(buf), len(self.view) - self.pos)
+        memoryview(buf).cast("B")[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
     def seek(self, pos: int, whence: int = 0) -> int:
         base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]
         self.pos = min(max(0, base + pos), len(self.view))
