@@ -115,7 +115,7 @@ class _Stream:
             if p.kind == "tensor":
                 data = self._tensor_bytes(p.tensor, a - p.start, b - p.start)
                 dst[:] = data
-                self.crcs[p.tensor] = zlib.crc32(data, self.crcs[p.tensor])
+                self.crcs[p.tensor] = zlib.crc32(data.data, self.crcs[p.tensor])
                 self.hasher.update(self.job.regions[p.tensor].start + a - p.start, data)
             else:
                 src = p.data if p.kind == "fixed" else self._dynamic(i)
@@ -128,7 +128,7 @@ class _Stream:
             p = self.c.pieces[i]
             got = data[a - off:b - off]
             if p.kind == "tensor":
-                self.crcs[p.tensor] = zlib.crc32(got, self.crcs[p.tensor])
+                self.crcs[p.tensor] = zlib.crc32(got.data, self.crcs[p.tensor])
                 self.hasher.update(self.job.regions[p.tensor].start + a - p.start, got)
                 continue
             src = p.data if p.kind == "fixed" else self._dynamic(i)
