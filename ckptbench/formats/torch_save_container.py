@@ -16,7 +16,8 @@ pads the local header); local headers carry no CRC or sizes (flag bit 3), a data
 descriptor follows each non-empty record (16 bytes, 24 with zip64); the end is the
 central directory (46 bytes + name per entry, + zip64 extra), a zip64 end record (56),
 its locator (20) and the end record (22). Records of >= 4 GiB, or that start at >= 4 GiB,
-take a zip64 extra field (4 + 8 per 64-bit field).
+take a zip64 extra field (4 + 8 per 64-bit field). Checked byte for byte against torch
+2.15's torch.save, zip64 records included (a 4 GiB + 64 B tensor followed by two small ones).
 
 So a container's size is the tensor bytes plus an overhead that follows from the names
 and the pickle alone (:func:`container_overhead`), and its payload can be streamed: no
@@ -228,7 +229,9 @@ def lay_out(sizes: list[tuple[str, int]]) -> tuple[list[Record], int]:
     records, pos = [], 0
     for entry, size in sizes:
         name = "archive/" + entry
-        fields = _zip64_fields(size, pos)
+        # the local header's zip64 field holds the size and a compressed size of 0 (known
+        # only after the data), as torch's writer leaves it; the central directory has both
+        fields = [size, 0][:2 * (size >= U32)] + ([pos] if pos >= U32 else [])
         z64 = struct.pack("<HH", 1, 8 * len(fields)) + struct.pack(f"<{len(fields)}Q", *fields) \
             if fields else b""
         header = pos + 30 + len(name) + len(z64)
