@@ -21,7 +21,7 @@ def _row(table: Table, c: Comparison) -> None:
             ("MLPerf v2.0", c.mlperf, "rank 0's clock, no fsync, tensor bytes"),
             ("MLPerf v2.0 + fsync", c.mlperf_with_fsync, "rank 0's clock as run here"),
             ("ckptbench", c.ckptbench, "all ranks to the commit, fsync" if c.phase == "save"
-             else "manifest to the last rank's read, cold, verified")):
+             else "manifest to the last rank's read, verified")):
         table.add_row(c.phase, way, f"{stat.mean:.3f}", f"{stat.stdev:.3f}",
                       f"{max(stat.seconds):.3f}" if stat.seconds else "-", what)
     table.add_row(c.phase, "ratio MLPerf / ckptbench", f"{c.ratio:.2f}x", "", "", "")
