@@ -19,17 +19,16 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import FileJob, ThreadResult, round_up
 from ckptbench.formats.codecs import CodecSpec
-from ckptbench.formats.pipeline import BufferRing
-from ckptbench.formats.raw import RawFormat
+from ckptbench.formats.raw import PlanBytes, RawFormat
 from ckptbench.formats.torch_save_container import Container, State, Tensor, build_container
-from ckptbench.payload import ChunkHasher, PayloadGenerator, Region
+from ckptbench.payload import PayloadGenerator, Region
 from ckptbench.plan import Plan
 from ckptbench.spec import DTYPE_BYTES
 
@@ -69,13 +68,13 @@ def dlio_file_bytes(plan: Plan, file: int) -> int:
     return plan_container(plan, file).size
 
 
-class _Stream:
+class _Stream(PlanBytes):
     """Makes (save) or checks (restore) one container's bytes, block by block in order."""
 
     def __init__(self, job: FileJob, container: Container, gen: PayloadGenerator) -> None:
-        self.job, self.c, self.gen = job, container, gen
+        super().__init__(job, gen)
+        self.c = container
         self.crcs = [0] * len(job.regions)
-        self.hasher = ChunkHasher(job.regions)
         self.cache: dict[int, bytes] = {}
         self.scratch = np.empty(0, dtype=np.uint8)
 
@@ -107,9 +106,10 @@ class _Stream:
             out.append((i, max(p.start, off), min(p.end, off + n)))
         return out
 
-    def fill(self, off: int, out: np.ndarray) -> None:
-        """Container bytes [off, off + len(out)) into out; CRCs and digests follow."""
-        for i, a, b in self._overlaps(off, len(out)):
+    def fill(self, off: int, buf: np.ndarray, n: int) -> None:
+        """Container bytes [off, off + n) into buf; CRCs and digests follow."""
+        out = buf[:n]
+        for i, a, b in self._overlaps(off, n):
             p = self.c.pieces[i]
             dst = out[a - off:b - off]
             if p.kind == "tensor":
@@ -121,7 +121,7 @@ class _Stream:
                 src = p.data if p.kind == "fixed" else self._dynamic(i)
                 dst[:] = np.frombuffer(src, dtype=np.uint8)[a - p.start:b - p.start]
 
-    def check(self, off: int, data: np.ndarray, crc: bool = False) -> str | None:
+    def update(self, off: int, data: np.ndarray, crc: bool = False) -> str | None:
         """Feed the tensor bytes in [off, off + len(data)) to the digests; return where the
         container's own bytes differ from torch.save's, if they do. Without `crc` the
         CRC-bearing pieces (descriptors, central directory) are not compared: the digests
@@ -164,55 +164,12 @@ class TorchSaveFormat(RawFormat):
         self._layout = {j.index: plan_container(self.plan, j.index, j.base) for j in jobs}
         return [replace(j, size=self._layout[j.index].size) for j in jobs]
 
-    def _produce(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
-        try:
-            for j, job in enumerate(jobs):
-                stream = _Stream(job, self._layout[job.index], self.gen)
-                for off in range(0, job.size, self.block):
-                    i = ring.take_free()
-                    if i is None:
-                        return
-                    n = min(self.block, job.size - off)
-                    stream.fill(off, ring.buffers[i][:n])
-                    ring.put((j, off, i, n, round_up(n, self.align)))
-                res.digests[job.index] = stream.hasher.digests()
-        except BaseException as exc:
-            res.error = exc
-            ring.stop()
-        finally:
-            ring.primed.set()
-            ring.put(None)
+    def job_bytes(self, job: FileJob) -> PlanBytes:
+        return _Stream(job, self._layout[job.index], self.gen)
 
-    def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
-                res: ThreadResult) -> None:
-        streams: dict[int, _Stream] = {}
-        try:
-            while True:
-                item = ring.take()
-                if item is None:
-                    break
-                j, off, i, n = item
-                s = streams.get(j)
-                if s is None:
-                    s = streams[j] = _Stream(jobs[j], self._layout[jobs[j].index], self.gen)
-                bad = s.check(off, ring.buffers[i][:n])
-                if bad:
-                    res.mismatches.append(bad)
-                ring.give_back(i)
-            for j, job in enumerate(jobs):
-                if res.error is not None:
-                    break
-                s = streams.get(j) or _Stream(job, self._layout[job.index], self.gen)
-                want = expected[job.name]["digests"]
-                for region, got_d, want_d in zip(job.regions, s.hasher.digests(), want,
-                                                 strict=True):
-                    if got_d != want_d:
-                        res.mismatches.append(
-                            f"chunk {region.key} in {job.key}: tensor bytes differ (torch.save "
-                            f"container, tensor of {region.end - region.start} bytes)")
-        except BaseException as exc:
-            res.error = res.error or exc
-            ring.stop()
+    def _locate(self, job: FileJob, region: Region) -> str:
+        return (f"chunk {region.key} in {job.key}: tensor bytes differ (torch.save container, "
+                f"tensor of {region.end - region.start} bytes)")
 
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
         return super().save(self._containers(jobs))

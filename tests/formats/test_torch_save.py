@@ -254,21 +254,21 @@ def test_restore_names_a_corrupted_tensor(tmp_path: Path) -> None:
     job = cjobs[0]
     buf = np.empty(job.size, dtype=np.uint8)
     writer = _Stream(job, fmt._layout[job.index], fmt.gen)
-    writer.fill(0, buf)
+    writer.fill(0, buf, len(buf))
     reader = _Stream(job, fmt._layout[job.index], fmt.gen)
-    assert reader.check(0, buf, crc=True) is None
+    assert reader.update(0, buf, crc=True) is None
     assert reader.hasher.digests() == writer.hasher.digests()
     first = fmt._layout[job.index].tensor_record(0)
     buf[first.data_offset + 3] ^= 1
     bad = _Stream(job, fmt._layout[job.index], fmt.gen)
-    msg = bad.check(0, buf, crc=True)
+    msg = bad.update(0, buf, crc=True)
     assert msg is not None and "descriptor" in msg  # the stored CRC no longer matches
     # a restore (no CRC) still finds it by digest; a header byte it finds as such
     quick = _Stream(job, fmt._layout[job.index], fmt.gen)
-    assert quick.check(0, buf) is None and quick.hasher.digests()[0] != writer.hasher.digests()[0]
+    assert quick.update(0, buf) is None and quick.hasher.digests()[0] != writer.hasher.digests()[0]
     buf[first.data_offset + 3] ^= 1
     buf[first.header_offset + 31] ^= 1
-    assert "(fixed)" in (_Stream(job, fmt._layout[job.index], fmt.gen).check(0, buf) or "")
+    assert "(fixed)" in (_Stream(job, fmt._layout[job.index], fmt.gen).update(0, buf) or "")
     assert bad.hasher.digests()[0] != writer.hasher.digests()[0]
     assert ITEMSIZE[job.regions[0].dtype] == 2
 
