@@ -126,7 +126,7 @@ class _Stream(PlanBytes):
         container's own bytes differ from torch.save's, if they do. Without `crc` the
         CRC-bearing pieces (descriptors, central directory) are not compared: the digests
         already cover every tensor byte, and zlib's CRC-32 (~1 GiB/s per core) would make
-        the restore measure the verifier (torch.load does not check CRCs either)."""
+        the restore measure the verifier rather than the storage."""
         for i, a, b in self._overlaps(off, len(data)):
             p = self.c.pieces[i]
             got = data[a - off:b - off]
