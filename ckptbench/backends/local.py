@@ -23,7 +23,7 @@ import errno
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,8 +32,10 @@ from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
     Capabilities,
+    NameTaken,
     ReadHandle,
     WriteHandle,
+    atomic_tmp,
     foreign_target_error,
     marker_bytes,
 )
@@ -258,7 +260,7 @@ class LocalBackend(Backend):
 
     def put_atomic(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        tmp = path.with_name(atomic_tmp(path.name))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -288,6 +290,47 @@ class LocalBackend(Backend):
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists():
             path.unlink()
+
+    # --- what a run made, by name ---
+    def create_dir(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise NameTaken(f"{path}: already exists; ckptbench never reuses a directory") from None
+        except OSError as exc:
+            raise os_error(path, exc) from None
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(OSError):  # absent, or replaced by a directory: left
+                self._path(key).unlink()
+
+    def remove_dir(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # not empty (someone else's files), or absent
+            self._path(key).rmdir()
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        """Files under `prefix`, and directories with nothing in them (as 'name/')."""
+        base = self._path(prefix)
+        out: list[str] = []
+        for top, dirs, files in os.walk(base):
+            dirs.sort()
+            rel = Path(top).relative_to(self.root)
+            names = [str(rel / f) for f in sorted(files)]
+            if not files and not dirs and Path(top) != base:
+                names = [f"{rel}/"]
+            out += names[:limit - len(out)]
+            if len(out) >= limit:
+                break
+        return out
+
+    def run_dirs(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
 
     def drop_cache(self, keys: list[str]) -> str:
         if self.direct:

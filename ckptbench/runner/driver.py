@@ -3,12 +3,15 @@
 Process 0 is the coordinator: it commits each checkpoint's manifest, sends the records to
 the sink, decides together with the others whether an iteration failed, and cleans up.
 
+claim     process 0 creates the checkpoint's directory, exclusively (one that exists is
+          someone else's: the run stops, never writes into it)
 save      the format writes (behind a barrier: the clock starts there) -> gather digests
           and timed ops to process 0 -> process 0 commits the manifest atomically
 cache     each process evicts its files from caches; process 0 drops the host's page
           cache where the backend can (or O_DIRECT made it moot)
 restore   the format reads the manifest, then every chunk, and checks every digest
-cleanup   process 0 deletes the checkpoint unless --keep
+cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrote, then its
+          directories if that leaves them empty (runner.cleanup)
 
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
@@ -45,6 +48,7 @@ from ckptbench.records import (
     RestorePhaseRecord,
     SavePhaseRecord,
 )
+from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
 
@@ -121,15 +125,28 @@ def _records(plan: Plan, iteration: int, phase: str,
 
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
                    comm: Comm, options: RunOptions, sink: RecordSink | None,
-                   progress: Callable[[int], None] | None = None) -> None:
-    """Run every iteration; raise RunFailed (on every process) when one fails."""
+                   progress: Callable[[int], None] | None = None,
+                   names: RunNames | None = None) -> None:
+    """Run every iteration; raise RunFailed (on every process) when one fails. `names`:
+    what the run writes (process 0 deletes by them; default: one plan rank a process)."""
     fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
                       progress)
     coordinator = comm.rank == 0
+    if coordinator and names is None:
+        names = run_names(plan, options, [[r] for r in all_ranks])
     for it in range(1, options.iterations + 1):
-        ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
+        name = plan.checkpoint_name(it)
+        ckpt = f"{options.run_id}/{name}"
         manifest_key = f"{ckpt}/{plan.manifest}"
         jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
+
+        # --- claim: a new directory (never one that exists) ---
+        claimed: dict[str, Any] = {"ok": True}
+        if coordinator:
+            claimed = _claim(backend, ckpt, it, sink)
+        claimed = comm.bcast(claimed)
+        if not claimed["ok"]:
+            raise RunFailed(claimed["message"], claimed["kind"])
 
         # --- save ---
         try:
@@ -141,7 +158,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         decision: dict[str, Any] = {"ok": True}
         if coordinator:
             assert gathered is not None
-            decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
+            assert names is not None
+            decision = _commit(plan, backend, names, name, it, options, gathered, sink)
         decision = comm.bcast(decision)
         if not decision["ok"]:
             raise RunFailed(decision["message"], decision["kind"])
@@ -177,7 +195,8 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 assert rgathered is not None and methods is not None
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink)
                 if not decision["ok"] and not options.keep:
-                    backend.remove_tree(ckpt)
+                    assert names is not None
+                    remove_checkpoint(backend, names, name)
             decision = comm.bcast(decision)
             if not decision["ok"]:
                 raise RunFailed(decision["message"], decision["kind"])
@@ -185,16 +204,31 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         # --- cleanup ---
         comm.barrier()
         if coordinator and not options.keep:
-            backend.remove_tree(ckpt)
+            assert names is not None
+            remove_checkpoint(backend, names, name)
+
+
+def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dict[str, Any]:
+    """Create the checkpoint's directory exclusively; on failure record why."""
+    try:
+        backend.create_dir(ckpt)
+    except BaseException as exc:  # noqa: BLE001 - decided together
+        kind, message = describe_error(exc)
+        if sink:
+            sink.write(ErrorRecord(it, "save", kind, message))
+        return {"ok": False, "kind": kind, "message": message}
+    return {"ok": True}
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
     return next((r.error for r in gathered if r.error), None)
 
 
-def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
+def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
             options: RunOptions, gathered: list[PhaseReport],
             sink: RecordSink | None) -> dict[str, Any]:
+    ckpt = f"{options.run_id}/{name}"
+    manifest_key = f"{ckpt}/{plan.manifest}"
     records = _records(plan, it, "save", gathered)
     failure = _fail(gathered)
     commit: tuple[int, int] | None = None
@@ -225,7 +259,7 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
     records.append(SavePhaseRecord(it, failure is None, ckpt, len(gathered),
                                    [commit[0], commit[1]] if commit else None))
     if failure is not None:
-        backend.remove_tree(ckpt)
+        remove_checkpoint(backend, names, name, uploads=True)
         records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))
     if sink:
         sink.write_all(records)

@@ -63,7 +63,10 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
            progress: Any, errors: Any, records: Any) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
+    # SIGTERM/SIGHUP (to the process group, by timeout/systemd/Slurm): end at once; the
+    # parent, which handles them (runner.signals), removes what the run wrote.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     ranks = req.ranks
     comm = ProcessComm(index, len(ranks), barrier, inboxes)
 
@@ -73,7 +76,7 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
     code = 0
     try:
         run_iterations(req.plan, [ranks[index]], ranks, req.backend, comm, req.options,
-                       QueueSink(records) if index == 0 else None, tick)
+                       QueueSink(records) if index == 0 else None, tick, req.names)
     except RunFailed as exc:
         if index == 0:
             errors.put((exc.kind, str(exc)))
@@ -106,7 +109,7 @@ class LocalLauncher(Launcher):
             progress: Progress | None) -> None:
         if self.in_process and len(req.ranks) == 1:
             run_iterations(req.plan, req.ranks, req.ranks, req.backend, SingleComm(),
-                           req.options, sink, progress)
+                           req.options, sink, progress, req.names)
             return
         _run_forked(req, sink, progress)
 
@@ -119,6 +122,18 @@ def _drain(records: Any, sink: JsonlSink | None) -> None:
             return
         if sink is not None:
             sink.write_all(batch)
+
+
+def _reap(procs: list[Any]) -> None:
+    """Wait for every rank; one that outlives a grace period after being asked to stop
+    (or that is still running however this was left) is killed: none outlives the run."""
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress | None) -> None:
@@ -158,14 +173,13 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
                 for p in procs:
                     if p.is_alive():
                         p.terminate()
-    except BaseException:
+    except BaseException:  # interrupted (runner.signals) or broken: stop every rank
         barrier.abort()
         for p in procs:
             p.terminate()
         raise
     finally:
-        for p in procs:
-            p.join()
+        _reap(procs)
         _drain(records, sink)
     if first_dead is None and all(p.exitcode == 0 for p in procs):
         return

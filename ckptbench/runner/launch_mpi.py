@@ -270,7 +270,7 @@ class MPILauncher(Launcher):
                     progress(int(k * factor))
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
-                           scaled)
+                           scaled, req.names)
         except RunFailed:
             raise
         except BaseException as exc:  # noqa: BLE001 - not a collective decision: stop all
@@ -287,6 +287,9 @@ class MPILauncher(Launcher):
 
     def barrier(self) -> None:
         self.comm.barrier()
+
+    def share(self, value: Any) -> Any:
+        return self.comm.bcast(value)
 
 
 def _die(comm: MPIComm, exc: BaseException) -> None:
