@@ -134,6 +134,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     coordinator = comm.rank == 0
     if coordinator and names is None:
         names = run_names(plan, options, [[r] for r in all_ranks])
+    written = names if names is not None else RunNames(options.run_id, (), ())  # process 0's
     for it in range(1, options.iterations + 1):
         name = plan.checkpoint_name(it)
         ckpt = f"{options.run_id}/{name}"
@@ -158,8 +159,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         decision: dict[str, Any] = {"ok": True}
         if coordinator:
             assert gathered is not None
-            assert names is not None
-            decision = _commit(plan, backend, names, name, it, options, gathered, sink)
+            decision = _commit(plan, backend, written, name, it, options, gathered, sink)
         decision = comm.bcast(decision)
         if not decision["ok"]:
             raise RunFailed(decision["message"], decision["kind"])
@@ -195,8 +195,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 assert rgathered is not None and methods is not None
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink)
                 if not decision["ok"] and not options.keep:
-                    assert names is not None
-                    remove_checkpoint(backend, names, name)
+                    remove_checkpoint(backend, written, name)
             decision = comm.bcast(decision)
             if not decision["ok"]:
                 raise RunFailed(decision["message"], decision["kind"])
@@ -204,15 +203,14 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         # --- cleanup ---
         comm.barrier()
         if coordinator and not options.keep:
-            assert names is not None
-            remove_checkpoint(backend, names, name)
+            remove_checkpoint(backend, written, name)
 
 
 def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dict[str, Any]:
     """Create the checkpoint's directory exclusively; on failure record why."""
     try:
         backend.create_dir(ckpt)
-    except BaseException as exc:  # noqa: BLE001 - decided together
+    except Exception as exc:  # noqa: BLE001 - decided together
         kind, message = describe_error(exc)
         if sink:
             sink.write(ErrorRecord(it, "save", kind, message))

@@ -87,6 +87,20 @@ def test_a_signal_to_the_parent_stops_the_run_and_removes_it(tmp_path: Path,
     assert any(r["type"] == "cleanup" and r["left"] == [] for r in recs)
 
 
+def test_nohup_still_ignores_sighup(tmp_path: Path) -> None:
+    """Under nohup (SIGHUP ignored when ckptbench starts) a closed terminal does not stop
+    the run: only signals that would have killed it are turned into a stop."""
+    target = tmp_path / "tgt"
+    proc = start("run", str(TINY), "--target", str(target), "--iterations", "20", "--results",
+                 str(tmp_path / "r.jsonl"), cwd=tmp_path, prefix=("nohup",))
+    wait_for("the first checkpoint", lambda: next(iter(target.glob("run-*/checkpoint-*")), None),
+             proc=proc, every=0.005)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert sum(r["type"] == "phase" for r in records(tmp_path / "r.jsonl")) == 40
+
+
 def test_sigterm_to_the_process_group_leaves_nothing(tmp_path: Path) -> None:
     """What `timeout`, systemd and Slurm do: SIGTERM to every process of the group, the
     ranks included, in the middle of the save."""
@@ -204,7 +218,7 @@ def test_s3_sigterm_aborts_the_uploads_and_leaves_nothing(minio_server: MinioSer
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert _uploads(minio_server, prefix) == []
     assert minio_server.list_keys(minio_server.bucket or "", prefix + "/") == []
-    assert len(stderr_lines(err)) == 1 and minio_server.secret_key not in err
+    assert len(stderr_lines(err)) == 1 and minio_server.secret_key not in err, err
 
 
 def test_s3_debris_with_pending_uploads_is_removed_with_the_flag(minio_server: MinioServer,

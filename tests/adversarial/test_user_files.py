@@ -102,7 +102,7 @@ def test_a_checkpoint_directory_made_by_someone_else_is_an_error(tmp_path: Path)
 
     step = wait_for("the first checkpoint", newest, proc=proc, every=0.005)
     run = next(target.glob("run-*"))
-    theirs = run / f"checkpoint-{step + 8}"
+    theirs = run / f"checkpoint-{step + 12}"
     theirs.mkdir()
     (theirs / "theirs.bin").write_bytes(b"someone else's checkpoint")
     _, err = proc.communicate(timeout=600)
@@ -114,7 +114,7 @@ def test_a_checkpoint_directory_made_by_someone_else_is_an_error(tmp_path: Path)
     assert set(tree(target)) == {TARGET_MARKER, f"{run.name}/", f"{run.name}/{theirs.name}/",
                                  f"{run.name}/{theirs.name}/theirs.bin"}
     phases = [r for r in records(tmp_path / "r.jsonl") if r["type"] == "phase" and r["ok"]]
-    assert len(phases) == 2 * (step + 7)  # every iteration before it ran
+    assert len(phases) == 2 * (step + 11)  # every iteration before it ran
 
 
 # --- the library, every backend: a writer that is not ckptbench, during the save ---
