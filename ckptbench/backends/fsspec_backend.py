@@ -325,13 +325,13 @@ class FsspecBackend(Backend):
         except (BackendError, FileNotFoundError):
             return []
         out = []
-        for name, info in sorted(found.items()):
-            name = self.fs._strip_protocol(name)
+        for found_name, info in sorted(found.items()):
+            path = self.fs._strip_protocol(found_name)
             if info.get("type") == "directory":
-                if self.fs.ls(name, detail=False):
+                if self.fs.ls(path, detail=False):
                     continue  # listed through what is inside it
-                name += "/"
-            out.append(name[strip:])
+                path += "/"
+            out.append(path[strip:])
             if len(out) >= limit:
                 break
         return out

@@ -71,11 +71,10 @@ def run_names(plan: Plan, options: RunOptions, groups: list[list[int]]) -> RunNa
 
 def _dirs(files: Sequence[str]) -> list[str]:
     """The directories inside a checkpoint that `files` are in, deepest first."""
-    found = {f.rsplit("/", 1)[0] for f in files if "/" in f}
-    for d in list(found):
-        while "/" in d:
-            d = d.rsplit("/", 1)[0]
-            found.add(d)
+    found: set[str] = set()
+    for f in files:
+        parts = f.split("/")[:-1]
+        found.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
     return sorted(found, key=lambda d: (-d.count("/"), d))
 
 

@@ -142,12 +142,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
 
         # --- claim: a new directory (never one that exists) ---
-        claimed: dict[str, Any] = {"ok": True}
-        if coordinator:
-            claimed = _claim(backend, ckpt, it, sink)
-        claimed = comm.bcast(claimed)
-        if not claimed["ok"]:
-            raise RunFailed(claimed["message"], claimed["kind"])
+        _agree(comm, _claim(backend, ckpt, it, sink) if coordinator else None)
 
         # --- save ---
         try:
@@ -160,9 +155,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         if coordinator:
             assert gathered is not None
             decision = _commit(plan, backend, written, name, it, options, gathered, sink)
-        decision = comm.bcast(decision)
-        if not decision["ok"]:
-            raise RunFailed(decision["message"], decision["kind"])
+        _agree(comm, decision)
 
         # --- cache ---
         method = "none"
@@ -196,9 +189,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink)
                 if not decision["ok"] and not options.keep:
                     remove_checkpoint(backend, written, name)
-            decision = comm.bcast(decision)
-            if not decision["ok"]:
-                raise RunFailed(decision["message"], decision["kind"])
+            _agree(comm, decision)
 
         # --- cleanup ---
         comm.barrier()
@@ -206,11 +197,18 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             remove_checkpoint(backend, written, name)
 
 
+def _agree(comm: Comm, decision: dict[str, Any] | None) -> None:
+    """Collective: process 0's decision on every process; RunFailed everywhere if not ok."""
+    decision = comm.bcast(decision)
+    if decision is not None and not decision["ok"]:
+        raise RunFailed(decision["message"], decision["kind"])
+
+
 def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dict[str, Any]:
     """Create the checkpoint's directory exclusively; on failure record why."""
     try:
         backend.create_dir(ckpt)
-    except Exception as exc:  # noqa: BLE001 - decided together
+    except Exception as exc:
         kind, message = describe_error(exc)
         if sink:
             sink.write(ErrorRecord(it, "save", kind, message))

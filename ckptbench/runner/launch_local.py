@@ -151,28 +151,8 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
              for i in range(size)]
     for p in procs:
         p.start()
-    reported = 0
-    first_dead: tuple[int, int] | None = None  # (process index, exit code)
-    failed_at = 0.0
     try:
-        while any(p.is_alive() for p in procs):
-            time.sleep(0.05)
-            _drain(records, sink)
-            done = sum(progress)
-            if on_progress and done != reported:
-                on_progress(done - reported)
-                reported = done
-            if first_dead is None:
-                for i, p in enumerate(procs):
-                    if p.exitcode not in (None, 0):
-                        # Wake peers blocked in a barrier or a gather with this process.
-                        first_dead, failed_at = (i, p.exitcode), time.monotonic()
-                        barrier.abort()
-                        break
-            elif time.monotonic() - failed_at > GRACE_S:
-                for p in procs:
-                    if p.is_alive():
-                        p.terminate()
+        first_dead = _watch(procs, barrier, progress, records, sink, on_progress)
     except BaseException:  # interrupted (runner.signals) or broken: stop every rank
         barrier.abort()
         for p in procs:
@@ -183,6 +163,40 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
         _drain(records, sink)
     if first_dead is None and all(p.exitcode == 0 for p in procs):
         return
+    raise _failure(ranks, procs, first_dead, errors)
+
+
+def _watch(procs: list[Any], barrier: Any, progress: Any, records: Any, sink: JsonlSink | None,
+           on_progress: Progress | None) -> tuple[int, int] | None:
+    """Until every rank has ended: records to the sink, progress to the caller. The first
+    rank to fail wakes the others (they may wait for it in a barrier or a gather), and
+    those still running GRACE_S later are stopped. Returns (index, exit code) of that rank."""
+    reported = 0
+    first_dead: tuple[int, int] | None = None
+    failed_at = 0.0
+    while any(p.is_alive() for p in procs):
+        time.sleep(0.05)
+        _drain(records, sink)
+        done = sum(progress)
+        if on_progress and done != reported:
+            on_progress(done - reported)
+            reported = done
+        if first_dead is None:
+            dead = next(((i, p.exitcode) for i, p in enumerate(procs)
+                         if p.exitcode not in (None, 0)), None)
+            if dead is not None:
+                first_dead, failed_at = dead, time.monotonic()
+                barrier.abort()
+        elif time.monotonic() - failed_at > GRACE_S:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+    return first_dead
+
+
+def _failure(ranks: list[int], procs: list[Any], first_dead: tuple[int, int] | None,
+             errors: Any) -> RunFailed:
+    """What stopped the run: the error a rank reported, or how the first one died."""
     reports = []
     while True:
         try:
@@ -192,7 +206,6 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
     index, code = first_dead if first_dead else (0, procs[0].exitcode or 1)
     if code not in COORDINATED_EXIT or not reports:
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        kind, message = "internal", f"rank {ranks[index]} died ({how}); the run was stopped"
-    else:
-        kind, message = reports[0]
-    raise RunFailed(message, kind)
+        return RunFailed(f"rank {ranks[index]} died ({how}); the run was stopped", "internal")
+    kind, message = reports[0]
+    return RunFailed(message, kind)

@@ -196,6 +196,7 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSin
     striping: dict[str, Any] = {}
     debris: Debris | None = None
     run_id = req.options.run_id
+    probe = f"{run_id}/{PROBE}"
     try:
         error: BaseException | None = None
         if launcher.root:
@@ -209,17 +210,19 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSin
                 run_id = claim(backend, run_id)
                 claimed = names = replace(names, run_id=run_id)
                 write_intent(backend, names)
+                probe = f"{run_id}/{PROBE}"
                 striping = striping_record(backend, req.plan, run_id)
                 if multi_node:
-                    backend.put_atomic(f"{run_id}/{PROBE}", topo.hosts[0].encode())
+                    backend.put_atomic(probe, topo.hosts[0].encode())
             except BaseException as exc:  # noqa: BLE001 - agreed on below
                 error = exc
         launcher.agree(error, "preparing the target")
         run_id = launcher.share(run_id)
+        probe = f"{run_id}/{PROBE}"
         if launcher.prepares_everywhere and not launcher.root:
             try:
                 backend.prepare()
-                if multi_node and not backend.exists(f"{run_id}/{PROBE}"):
+                if multi_node and not backend.exists(probe):
                     raise CkptbenchError(
                         f"target {backend.target} is not shared with {topo.hosts[0]} (rank 0 "
                         "wrote a file there that this node does not see); allowed: a file "
@@ -237,7 +240,7 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSin
         backend.release()
         raise
     if launcher.root and multi_node:
-        backend.delete([f"{run_id}/{PROBE}"])
+        backend.delete([probe])
     final = names if names is not None else RunNames(run_id, (), ())
     return _Prepared(replace(final, run_id=run_id), striping, debris)
 

@@ -52,7 +52,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120,
         if got:
             return got
         if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate()
+            _out, err = proc.communicate()
             raise AssertionError(f"the run ended (rc {proc.returncode}) before {what}:\n{err[-3000:]}")
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
