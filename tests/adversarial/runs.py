@@ -135,5 +135,6 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def stderr_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
+def messages(text: str) -> list[str]:
+    """ckptbench's own lines on stderr (errors and notes), not the banner or progress."""
+    return [line for line in text.splitlines() if line.startswith("ckptbench:")]

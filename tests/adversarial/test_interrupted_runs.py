@@ -31,12 +31,12 @@ from .runs import (
     children_of,
     env,
     gone_within,
+    messages,
     processes_mentioning,
     records,
     run,
     saving,
     start,
-    stderr_lines,
     tree,
     wait_for,
 )
@@ -77,7 +77,7 @@ def test_a_signal_to_the_parent_stops_the_run_and_removes_it(tmp_path: Path,
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - t0 < 30
     assert proc.returncode == 128 + sig, err
-    lines = stderr_lines(err)
+    lines = messages(err)
     assert len(lines) == 1 and sig.name in lines[0] and "Traceback" not in err, err
     assert gone_within(ranks, 5) == []
     assert not target.exists()  # ckptbench made it: removed with everything in it
@@ -114,7 +114,7 @@ def test_sigterm_to_the_process_group_leaves_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert gone_within(ranks, 5) == [] and processes_mentioning(str(target)) == []
     assert tree(target) == [TARGET_MARKER]
-    assert len(stderr_lines(err)) == 1 and "Traceback" not in err, err
+    assert len(messages(err)) == 1 and "Traceback" not in err, err
 
 
 def test_timeout_command_leaves_nothing(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_debris_of_a_killed_run_is_reported_and_removed_only_with_the_flag(tmp_p
     r = run("run", str(TINY), "--target", str(target), "--results", str(tmp_path / "a.jsonl"),
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    lines = stderr_lines(r.stderr)
+    lines = messages(r.stderr)
     assert len(lines) == 1 and debris.name in lines[0] and "--clean-debris" in lines[0], r.stderr
     assert tree(target) == left  # reported, not touched
     assert records(tmp_path / "a.jsonl")[0]["debris"]["runs"] == [debris.name]
@@ -160,7 +160,7 @@ def test_debris_of_a_killed_run_is_reported_and_removed_only_with_the_flag(tmp_p
     r = run("run", str(TINY), "--target", str(target), "--clean-debris",
             "--results", str(tmp_path / "b.jsonl"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    lines = stderr_lines(r.stderr)
+    lines = messages(r.stderr)
     assert len(lines) == 1 and debris.name in lines[0] and "NOTES.txt" in lines[0], r.stderr
     assert set(tree(target)) == {TARGET_MARKER, f"{debris.name}/", f"{debris.name}/NOTES.txt"}
     assert (debris / "NOTES.txt").read_text() == "a user's file in the debris"
@@ -174,7 +174,7 @@ def test_a_live_run_is_not_debris(tmp_path: Path) -> None:
     r = run("run", str(TINY), "--target", str(target), "--clean-debris",
             "--results", str(tmp_path / "b.jsonl"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert stderr_lines(r.stderr) == []
+    assert messages(r.stderr) == []
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert tree(target) == [] or not target.exists()
@@ -189,7 +189,7 @@ def test_kept_checkpoints_are_not_debris(tmp_path: Path) -> None:
     r = run("run", str(TINY), "--target", str(target), "--clean-debris",
             "--results", str(tmp_path / "b.jsonl"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert stderr_lines(r.stderr) == []
+    assert messages(r.stderr) == []
     assert tree(target) == kept
 
 
@@ -218,7 +218,7 @@ def test_s3_sigterm_aborts_the_uploads_and_leaves_nothing(minio_server: MinioSer
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert _uploads(minio_server, prefix) == []
     assert minio_server.list_keys(minio_server.bucket or "", prefix + "/") == []
-    assert len(stderr_lines(err)) == 1 and minio_server.secret_key not in err, err
+    assert len(messages(err)) == 1 and minio_server.secret_key not in err, err
 
 
 def test_s3_debris_with_pending_uploads_is_removed_with_the_flag(minio_server: MinioServer,
@@ -246,7 +246,7 @@ def test_s3_debris_with_pending_uploads_is_removed_with_the_flag(minio_server: M
     r = run("run", str(TINY), "--target", target, *s3, "--results", str(tmp_path / "a.jsonl"),
             cwd=tmp_path, environ=e)
     assert r.returncode == 0, r.stderr
-    lines = stderr_lines(r.stderr)
+    lines = messages(r.stderr)
     assert len(lines) == 1 and run_id in lines[0] and "--clean-debris" in lines[0], r.stderr
     assert "pending" in lines[0] or "upload" in lines[0], lines[0]
     assert sorted(_uploads(minio_server, prefix)) == sorted(pending)  # reported, not touched
@@ -257,5 +257,5 @@ def test_s3_debris_with_pending_uploads_is_removed_with_the_flag(minio_server: M
     assert _uploads(minio_server, prefix) == []
     assert sorted(minio_server.list_keys(bucket, prefix + "/")) == sorted(
         [f"{prefix}/{TARGET_MARKER}", foreign])
-    lines = stderr_lines(r.stderr)
+    lines = messages(r.stderr)
     assert len(lines) == 1 and run_id in lines[0] and "NOTES.txt" in lines[0], r.stderr

@@ -30,7 +30,7 @@ from ckptbench.runner.launch_local import LocalLauncher
 from ckptbench.spec import load_workload
 from ckptbench.testing import MinioServer
 
-from .runs import BIG, BIG_ARGS, TINY, records, start, stderr_lines, tree, wait_for
+from .runs import BIG, BIG_ARGS, TINY, messages, records, run, start, tree, wait_for
 
 MIB = 1 << 20
 
@@ -55,7 +55,7 @@ def test_files_put_into_the_run_during_a_run_are_kept(tmp_path: Path) -> None:
     name = run.name
     assert set(tree(target)) == {TARGET_MARKER, f"{name}/", f"{name}/NOTES.txt",
                                  f"{name}/checkpoint-1/", f"{name}/checkpoint-1/NOTES.txt"}
-    notes = [line for line in stderr_lines(err) if "left in place" in line]
+    notes = [line for line in messages(err) if "left in place" in line]
     assert len(notes) == 1 and "NOTES.txt" in notes[0], err
     assert "Traceback" not in err
     cleanup = [r for r in records(tmp_path / "r.jsonl") if r["type"] == "cleanup"]
@@ -107,7 +107,7 @@ def test_a_checkpoint_directory_made_by_someone_else_is_an_error(tmp_path: Path)
     (theirs / "theirs.bin").write_bytes(b"someone else's checkpoint")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 2, err
-    errors = [line for line in stderr_lines(err) if line.startswith("ckptbench: error:")]
+    errors = [line for line in messages(err) if line.startswith("ckptbench: error:")]
     assert len(errors) == 1 and theirs.name in errors[0] and "exists" in errors[0], err
     assert "Traceback" not in err
     assert (theirs / "theirs.bin").read_bytes() == b"someone else's checkpoint"
@@ -253,8 +253,6 @@ def test_the_format_names_every_file_it_writes(tmp_path: Path, fmt: str, codec: 
     text = TINY.read_text()
     workload = tmp_path / "w.toml"
     workload.write_text(text + f'\n[checkpoint]\nfiles = "{files}"\nthreads = 2\n')
-    from .runs import run
-
     target = tmp_path / "tgt"
     r = run("run", str(workload), "--target", str(target), "--keep", "--format", fmt,
             "--codec", codec, "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path)
