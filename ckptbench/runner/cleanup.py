@@ -170,11 +170,19 @@ def _safe(name: str) -> bool:
 
 
 def _live(intent: dict[str, Any]) -> bool:
-    """The run that wrote `intent` is still running on this host."""
-    if intent.get("host") != socket.gethostname() or not isinstance(intent.get("pid"), int):
+    """The run that wrote `intent` may still be running on this host (when unsure: yes,
+    it is left alone). Runs started on other hosts cannot be checked from here."""
+    pid = intent.get("pid")
+    if intent.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False
-    start = _process_start(intent["pid"])
-    return start is not None and start == intent.get("pid_start")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user has that pid: compared below
+    start, recorded = _process_start(pid), intent.get("pid_start")
+    return start is None or recorded is None or start == recorded
 
 
 # --- debris: what killed runs left ---
