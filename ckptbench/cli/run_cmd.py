@@ -31,6 +31,7 @@ from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, parse_ranks, scaled
 from ckptbench.units import parse_duration, parse_size
 
@@ -42,6 +43,14 @@ def width_options(f: Any) -> Any:
                      help="Fit tables in this many columns [default: the terminal's, 80 in a pipe].")(f)
     return click.option("--wide", is_flag=True,
                         help="Tables as wide as they need (logs, pipes read later), never split.")(f)
+
+
+class Stopped(CkptbenchError):
+    """The run was stopped by a signal, after removing what it wrote (exit 128 + signal)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @contextlib.contextmanager
@@ -86,6 +95,9 @@ RESTORE_PLANS = ("dcp", "files")
 @click.option("--prefill", default="64MiB", show_default=True,
               help="Payload generated per rank before the clock starts (bounds memory).")
 @click.option("--keep", is_flag=True, help="Keep the checkpoints written (default: delete them).")
+@click.option("--clean-debris", is_flag=True,
+              help="Remove what interrupted runs left on the target (only the names each run "
+                   "recorded; without it, it is reported).")
 @click.option("--no-restore", is_flag=True, help="Measure saves only.")
 @click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: evict the checkpoint from caches before restoring.")
@@ -116,7 +128,7 @@ RESTORE_PLANS = ("dcp", "files")
 @width_options
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
                 threads: int | None, block_size: str, payload: str, seed: int,
-                prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
+                prefill: str, keep: bool, clean_debris: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
                 as_json: bool, wide: bool, width: int | None, restore_plan: str | None,
                 restore_world_size: int | None, restore_layout: str | None,
@@ -125,11 +137,12 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
     backend_flags = typed_backend_flags(click.get_current_context())
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     launch = open_launcher(launcher)
-    with quiet_unless_root(launch):  # under MPI only rank 0 prints
+    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
              backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
-             width=table.output_width(wide, width),
+             width=table.output_width(wide, width), clean_debris=clean_debris,
              restore=RestoreChoice(restore_plan, restore_world_size, restore_layout))
 
 
@@ -164,7 +177,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
          codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
-         restore: RestoreChoice = RestoreChoice()) -> None:
+         restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False) -> None:
     full = apply_restore_layout(load_workload(workload), restore.world_size, restore.layout)
     restore_plan = restore.resolve(fmt)
     run_workload = scaled(full, scale)
@@ -178,7 +191,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
-        stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan,
+        stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -200,8 +213,17 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                   transient=True, disable=not launch.root) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        outcome = measure(req, results_path, launch,
-                          on_progress=lambda n: progress.advance(task, n), on_start=banner)
+        try:
+            outcome = measure(req, results_path, launch,
+                              on_progress=lambda n: progress.advance(task, n), on_start=banner,
+                              on_notice=lambda line: console.print(
+                                  f"ckptbench: note: {line}", markup=False, highlight=False,
+                                  soft_wrap=True))
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP (runner.signals)
+            done = "kept what it finished" if keep else "removed what it wrote"
+            kept = f"; records so far: {results_path}" if results_path.exists() else ""
+            raise Stopped(f"stopped by {signal_name(exc)}: the run {done} on {target}{kept}",
+                          exit_status(exc)) from None
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if as_json:

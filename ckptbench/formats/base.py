@@ -13,7 +13,10 @@ Contract of every format (the :class:`Format` protocol):
   each chunk's digest, the first error);
 * ``restore(jobs, manifest_key)``: ``group.barrier()``, read the manifest (timed: it is the
   restore's first step), read every job back and check each chunk against its digest;
-* ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore).
+* ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore);
+* ``written_names(plan, groups, options)`` (a classmethod): the names, relative to a
+  checkpoint directory, of everything all the run's processes write in one checkpoint;
+  the runner records them before the first write and deletes by them (never by listing).
 """
 
 from __future__ import annotations
@@ -141,6 +144,10 @@ class Format(Protocol):
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]: ...
 
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]: ...
+
 
 def round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
@@ -221,6 +228,16 @@ class FormatBase:
         if job.reads is None:
             return len(job.regions)
         return sum(1 for c in self.plan.iter_chunks(job.index) if c.nbytes)
+
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """Every name, relative to the checkpoint directory, that the processes running plan
+        ranks `groups` (one list per process) write in one checkpoint, the runner's
+        manifest aside: what a cleanup deletes, by name. By default the plan's files."""
+        del options
+        ranks = sorted({r for g in groups for r in g})
+        return sorted({plan.file_paths[f] for r in ranks for f in plan.files_of_rank(r)})
 
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
                       ) -> tuple[dict[str, Any], tuple[int, int]]:

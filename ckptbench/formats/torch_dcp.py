@@ -218,6 +218,18 @@ class TorchDcpFormat(FormatBase):
                                 world_size=self.group.size)
         self._pg_ready = True
 
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """DCP's files: process p writes ``__p_k.distcp`` for each of its writer threads
+        (--threads per plan rank), process 0 the ``.metadata`` (through ``.metadata.tmp``)."""
+        del plan
+        names = [f"{DCP_DIR}/.metadata", f"{DCP_DIR}/.metadata.tmp"]
+        for p, group in enumerate(groups):
+            threads = max(1, options.threads) * max(1, len(group))
+            names += [f"{DCP_DIR}/__{p}_{k}.distcp" for k in range(threads)]
+        return names
+
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         if not jobs:
             return []

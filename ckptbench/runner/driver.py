@@ -3,6 +3,8 @@
 Process 0 is the coordinator: it commits each checkpoint's manifest, sends the records to
 the sink, decides together with the others whether an iteration failed, and cleans up.
 
+claim     process 0 creates the checkpoint's directory, exclusively (one that exists is
+          someone else's: the run stops, never writes into it)
 save      the format writes (behind a barrier: the clock starts there) -> gather digests
           and timed ops to process 0 -> process 0 commits the manifest atomically
 cache     each process evicts its files from caches; process 0 drops the host's page
@@ -10,7 +12,8 @@ cache     each process evicts its files from caches; process 0 drops the host's 
 restore   the format reads the manifest, then every chunk, and checks every digest: with
           the DCP restore plan, each rank of the restore layout reads the manifest and
           then the saved chunks DCP's load planner gives it (ranged reads)
-cleanup   process 0 deletes the checkpoint unless --keep
+cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrote, then its
+          directories if that leaves them empty (runner.cleanup)
 
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
@@ -51,6 +54,7 @@ from ckptbench.records import (
     RestorePhaseRecord,
     SavePhaseRecord,
 )
+from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.stall import StallWatch, WatchedGroup
@@ -133,11 +137,16 @@ def _records(plan: Plan, iteration: int, phase: str,
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
                    comm: Comm, options: RunOptions, sink: RecordSink | None,
                    progress: Callable[[int], None] | None = None,
-                   watch: StallWatch | None = None) -> None:
+                   watch: StallWatch | None = None, names: RunNames | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails. With a
-    `watch`, this process's saves and restores are watched for stalls (runner.stall)."""
+    `watch`, this process's saves and restores are watched for stalls (runner.stall).
+    `names`: what the run writes (process 0 deletes by them; default: one plan rank a
+    process)."""
     fmt, watched = _watched_format(plan, my_ranks, backend, comm, options, progress, watch)
     coordinator = comm.rank == 0
+    if coordinator and names is None:
+        names = run_names(plan, options, [[r] for r in all_ranks])
+    made = names if names is not None else RunNames(options.run_id, (), ())  # process 0's
     rplan = restore_plan_of(plan) if options.uses_restore_plan else None
     restore_ranks: list[int] = []
     written: set[int] | None = None
@@ -148,24 +157,17 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
             written = {f for r in all_ranks for f in plan.files_of_rank(r)}
     restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
     for it in range(1, options.iterations + 1):
-        ckpt = options.checkpoint or f"{options.run_id}/{plan.checkpoint_name(it)}"
+        name = plan.checkpoint_name(it)
+        ckpt = options.checkpoint or f"{options.run_id}/{name}"
         saved_as = options.checkpoint_iteration if restore_only else it
         manifest_key = f"{ckpt}/{plan.manifest}"
         jobs = file_jobs(plan, my_ranks, ckpt, saved_as, options.seed)
         if not restore_only:
-            _save(plan, jobs, fmt, watched, backend, comm, ckpt, manifest_key, it, options, sink)
+            # --- claim: a new directory (never one that exists) ---
+            _agree(comm, _claim(backend, ckpt, it, sink) if coordinator else None)
+            _save(plan, jobs, fmt, watched, backend, comm, made, name, it, options, sink)
 
-        # --- cache ---
-        method = "none"
-        if options.restore and options.cache == "auto":
-            method = backend.drop_cache(fmt.cache_keys(jobs))
-        comm.barrier()
-        dropped = False
-        if coordinator and options.restore and options.cache == "auto" and method == "fadvise":
-            dropped = backend.drop_host_caches()
-        if comm.bcast(dropped):
-            method = f"{method}+drop_caches"
-        methods = comm.gather(method)
+        methods = _evict(fmt, jobs, backend, comm, options)
 
         # --- restore ---
         if options.restore:
@@ -195,15 +197,46 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                 decision = _finish_restore(plan, it, rgathered, methods, options, sink,
                                            _restore_facts(plan, rplan, all_ranks, written))
                 if not decision["ok"] and not (options.keep or restore_only):
-                    backend.remove_tree(ckpt)
-            decision = comm.bcast(decision)
-            if not decision["ok"]:
-                raise RunFailed(decision["message"], decision["kind"])
+                    remove_checkpoint(backend, made, name)
+            _agree(comm, decision)
 
         # --- cleanup ---
         comm.barrier()
         if coordinator and not (options.keep or restore_only):
-            backend.remove_tree(ckpt)
+            remove_checkpoint(backend, made, name)
+
+
+def _evict(fmt: Format, jobs: list[FileJob], backend: Backend, comm: Comm,
+           options: RunOptions) -> list[str] | None:
+    """Collective: each process evicts what it wrote from caches before a restore, then
+    process 0 drops the host's page cache where the backend can; process 0 gets each
+    process's method (what the restore record says)."""
+    evict = options.restore and options.cache == "auto"
+    method = backend.drop_cache(fmt.cache_keys(jobs)) if evict else "none"
+    comm.barrier()
+    dropped = comm.rank == 0 and evict and method == "fadvise" and backend.drop_host_caches()
+    if comm.bcast(dropped):
+        method = f"{method}+drop_caches"
+    return comm.gather(method)
+
+
+def _agree(comm: Comm, decision: dict[str, Any] | None) -> None:
+    """Collective: process 0's decision on every process; RunFailed everywhere if not ok."""
+    decision = comm.bcast(decision)
+    if decision is not None and not decision["ok"]:
+        raise RunFailed(decision["message"], decision["kind"])
+
+
+def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dict[str, Any]:
+    """Create the checkpoint's directory exclusively; on failure record why."""
+    try:
+        backend.create_dir(ckpt)
+    except Exception as exc:
+        kind, message = describe_error(exc)
+        if sink:
+            sink.write(ErrorRecord(it, "save", kind, message))
+        return {"ok": False, "kind": kind, "message": message}
+    return {"ok": True}
 
 
 def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
@@ -260,7 +293,7 @@ def _fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
 
 
 def _save(plan: Plan, jobs: list[FileJob], fmt: Any, watched: StallWatch, backend: Backend,
-          comm: Comm, ckpt: str, manifest_key: str, it: int, options: RunOptions,
+          comm: Comm, names: RunNames, name: str, it: int, options: RunOptions,
           sink: RecordSink | None) -> None:
     """The save phase: the format writes, process 0 commits the manifest or removes the
     partial checkpoint; raises RunFailed on every process when any failed."""
@@ -274,19 +307,19 @@ def _save(plan: Plan, jobs: list[FileJob], fmt: Any, watched: StallWatch, backen
     decision: dict[str, Any] = {"ok": True}
     if comm.rank == 0:
         assert gathered is not None
-        decision = _commit(plan, backend, ckpt, manifest_key, it, options, gathered, sink)
-    decision = comm.bcast(decision)
-    if not decision["ok"]:
-        raise RunFailed(decision["message"], decision["kind"])
+        decision = _commit(plan, backend, names, name, it, options, gathered, sink)
+    _agree(comm, decision)
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
     return next((r.error for r in gathered if r.error), None)
 
 
-def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
+def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
             options: RunOptions, gathered: list[PhaseReport],
             sink: RecordSink | None) -> dict[str, Any]:
+    ckpt = f"{options.run_id}/{name}"
+    manifest_key = f"{ckpt}/{plan.manifest}"
     records = _records(plan, it, "save", gathered)
     failure = _fail(gathered)
     commit: tuple[int, int] | None = None
@@ -325,7 +358,7 @@ def _commit(plan: Plan, backend: Backend, ckpt: str, manifest_key: str, it: int,
     records.append(SavePhaseRecord(it, failure is None, ckpt, len(gathered),
                                    [commit[0], commit[1]] if commit else None))
     if failure is not None:
-        backend.remove_tree(ckpt)
+        remove_checkpoint(backend, names, name, uploads=True)
         records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))
     if sink:
         sink.write_all(records)

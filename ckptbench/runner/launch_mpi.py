@@ -274,7 +274,7 @@ class MPILauncher(Launcher):
                            f"MPI rank {comm.rank} on {comm.host()}")
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
-                           scaled, watch)
+                           scaled, watch, req.names)
         except RunFailed:
             raise
         except BaseException as exc:
@@ -291,6 +291,9 @@ class MPILauncher(Launcher):
 
     def barrier(self) -> None:
         self.comm.barrier()
+
+    def share(self, value: Any) -> Any:
+        return self.comm.bcast(value)
 
 
 def _exit_stalled(message: str) -> None:

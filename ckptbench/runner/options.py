@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptbench.backends import Backend
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
 from ckptbench.spec import Workload
+
+if TYPE_CHECKING:
+    from ckptbench.runner.cleanup import RunNames
 
 
 def new_run_id() -> str:
@@ -40,6 +43,7 @@ class RunOptions:
     # the iteration it was saved as (its payload's stream keys)
     checkpoint: str = ""
     checkpoint_iteration: int = 1
+    clean_debris: bool = False  # remove what interrupted runs left on the target (by name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,3 +71,5 @@ class RunRequest:
     # options.restore_shift was not given: 0 locally and on one node, the plan ranks per
     # node under MPI on several nodes (so no node reads back what it wrote).
     restore_shift_auto: bool = False
+    # Every name the run writes (the session fills it in on the process that cleans up).
+    names: RunNames | None = None

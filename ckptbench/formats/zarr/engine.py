@@ -157,6 +157,23 @@ class ZarrFormat(FormatBase):
             items.append((f"{ckpt}/{self.plan.keys[k].name}/zarr.json", self.layout.metadata_json(k)))
         return items
 
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """The shards of every chunk the ranks write, the group's zarr.json and every
+        array's (spread over the running ranks, so all of them are written)."""
+        layout = ZarrLayout(plan, parse_codec(options.codec))
+        names = {"zarr.json", *(f"{key.name}/zarr.json" for key in plan.keys)}
+        for r in sorted({r for g in groups for r in g}):
+            for f in plan.files_of_rank(r):
+                for i in plan.chunks_of_file(f):
+                    c = plan.chunk(i)
+                    if c.nbytes:
+                        k = int(plan.chunk_key[i])
+                        names.update(layout.chunk_key(k, coords)
+                                     for coords, _, _ in layout.pieces(k, c.offsets, c.sizes))
+        return sorted(names)
+
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         if not jobs:
             return []
