@@ -73,6 +73,8 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
             sink.write_all(summarize(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
+        elif sink is not None:
+            sink.close()
     if failure is not None:
         raise failure
     return outcome
