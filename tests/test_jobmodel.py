@@ -66,7 +66,7 @@ def test_a_real_run_reads_back(tmp_path) -> None:
 
 
 def test_bad_results_files(tmp_path) -> None:
-    with pytest.raises(SpecError, match="--results .*missing.jsonl: no such file"):
+    with pytest.raises(SpecError, match=r"--results .*missing\.jsonl: no such file"):
         jobmodel.read_results(tmp_path / "missing.jsonl")
     good = synthetic.records(bytes_per_rank=10**6, save_s=[1.0] * 5, restore_s=None)
     lines = synthetic.write(tmp_path / "x.jsonl", good)
@@ -292,7 +292,7 @@ def test_a_sweep_file_lists_its_points_and_the_matching_one_is_chosen(tmp_path) 
 def test_a_broken_sweep_file_is_one_line(tmp_path) -> None:
     path = tmp_path / "sweep.jsonl"
     path.write_text('{"type":"sweep","schema":"ckptbench.sweep/1"}\nnope\n')
-    with pytest.raises(SpecError, match="sweep.jsonl:2: not a JSON line"):
+    with pytest.raises(SpecError, match=r"sweep\.jsonl:2: not a JSON line"):
         jobmodel.read_measurements([path])
     path.write_text('{"type":"sweep","schema":"ckptbench.sweep/1"}\n')
     with pytest.raises(SpecError, match="no points"):

@@ -56,7 +56,7 @@ class _Items:
         self.holders.append(holders)
 
 
-def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh) -> Any:
+def piece_groups(t: TensorDef, w: Workload, mesh: StageMesh) -> Any:
     """Distinct pieces of one parameter over its stage, and which ranks hold each."""
     p = w.parallel
     splits = ep_splits(t, p.ep, mesh.shard) + tp_splits(t, p.tp, mesh.tp)
@@ -108,7 +108,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
     for stage, tensors in enumerate(by_stage):
         mesh = stage_mesh(p, stage)
         for t in tensors:
-            geometry = _piece_groups(t, w, mesh)
+            geometry = piece_groups(t, w, mesh)
             geometries.append((t, mesh, geometry))
             _add_entry(items, keys, model_entry(t, w.state), t, geometry, mesh)
     for t, mesh, geometry in geometries:
@@ -144,7 +144,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
 
     # Stream order: by first holder, then plan order (key id) within the holder's plan.
     order = np.lexsort((key, first))
-    holder_index = _gather_ranges(holder_ptr, order)
+    holder_index = gather_ranges(holder_ptr, order)
     counts_sorted = count[order]
     ptr_sorted = np.concatenate([[0], np.cumsum(counts_sorted)])
     writer = assign_writers(first[order], ptr_sorted, holders[holder_index], weight[order],
@@ -193,7 +193,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
                     checkpoint_dir="checkpoint-{step}")
 
 
-def _gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
+def gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Concatenate ranges [ptr[i], ptr[i+1]) for i in order, vectorized."""
     starts = ptr[order]
     lengths = ptr[order + 1] - starts

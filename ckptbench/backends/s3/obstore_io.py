@@ -80,7 +80,7 @@ class ObstoreTransport:
                             "timeout": timedelta(seconds=o.read_timeout)},
             retry_config={"max_retries": o.max_attempts - 1,
                           "retry_timeout": timedelta(seconds=o.read_timeout * o.max_attempts)},
-            credential_provider=keys)  # type: ignore[arg-type]
+            credential_provider=keys)  # type: ignore[arg-type,unused-ignore]
         self.range = PART_RANGE[0]
         self.pool = ThreadPoolExecutor(backend.concurrency * backend.hints.threads,
                                        thread_name_prefix="ckptbench-obstore")
