@@ -37,7 +37,6 @@ from ckptbench.backends.s3.errors import (
     translate,
 )
 from ckptbench.backends.s3.options import S3Options, parse_target
-from ckptbench.backends.s3.reader import S3Reader
 from ckptbench.backends.s3.sizing import Sizing, ranks_per_host
 from ckptbench.backends.s3.transport import transfer_details, transport_for
 from ckptbench.backends.s3.writer import S3Writer
@@ -167,9 +166,7 @@ class S3Backend(Backend):
     def open_read(self, key: str) -> ReadHandle:
         if self.options.transport != "botocore":
             return transport_for(self).open_read(key)
-        if self.sizing.concurrency is None:  # chosen: GETs kept in flight ahead of the reader
-            return boto_readahead(self).open_read(key)
-        return S3Reader(self, key)
+        return boto_readahead(self).open_read(key)
 
     def put_atomic(self, key: str, data: bytes) -> None:
         # One PUT: readers see the whole object or none of it.

@@ -1,10 +1,11 @@
-"""Restores on the botocore path with chosen defaults: ranged GETs issued ahead of the
-reader (:mod:`.readahead`) on a thread pool, so that a rank keeps its chosen number of
-requests in flight whatever the runner's block size (8 MiB blocks split into 4 MiB ranges
-kept two in flight per thread). Each GET is the plain reader's (:class:`.reader.S3Reader`:
+"""Restores on the botocore path: ranged GETs issued ahead of the reader
+(:mod:`.readahead`) on a thread pool, so that a rank keeps its requests in flight (chosen,
+or ``--s3-concurrency``) whatever the size of its reads: a restore plan reads chunk by
+chunk, many of them under 1 MiB. Each GET is the plain reader's (:class:`.reader.S3Reader`:
 read from the socket straight into a staging buffer, cut bodies retried and counted); the
-first also asks the object's size (HEAD), so no GET goes past the end. A given
-``--s3-concurrency`` keeps the plain reader.
+first also asks the object's size (HEAD), so no GET goes past the end. A read of at least
+one range that no GET in flight holds goes straight into the caller's buffer (the plain
+reader's parallel ranged GETs, no copy), as warp-shaped runs read whole objects.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class BotoReadAhead:
         def fetch(offset: int, length: int) -> Future[Chunk]:
             return self.pool.submit(self._get, reader, key, size, offset, length)
 
-        return ReadAhead(fetch, self.chunk, self.b.concurrency)
+        return ReadAhead(fetch, self.chunk, self.b.concurrency, direct=reader)
 
     def _get(self, reader: S3Reader, key: str, size: list[int], offset: int,
              length: int) -> Chunk:

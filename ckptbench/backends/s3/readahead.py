@@ -7,7 +7,9 @@ too few to reach a store's bandwidth. A handle here keeps up to ``depth`` ranged
 ``chunk`` bytes in flight ahead of the read position and copies each block out of them
 (one copy, off the store's clock only in the sense that it overlaps the transfers). The
 first GET of an object learns its size (Content-Range), so no request goes past the end.
-A read that is not where the last one ended starts afresh there.
+A read that is not where the last one ended (a restore plan's reads skip what this rank
+does not load) starts afresh there with one GET of just what it asks; read-ahead resumes
+when the next read follows on, so scattered small reads never fetch whole ranges they drop.
 """
 
 from __future__ import annotations
@@ -36,30 +38,44 @@ Fetch = Callable[[int, int], "Future[Chunk]"]  # (offset, length) -> the GET in 
 
 
 class ReadAhead(ReadHandle):
-    def __init__(self, fetch: Fetch, chunk: int, depth: int) -> None:
+    """`direct`: a handle that reads straight into the caller's buffer, used (where given)
+    for a read of at least a range that no GET in flight holds: no staging, no copy."""
+
+    def __init__(self, fetch: Fetch, chunk: int, depth: int,
+                 direct: ReadHandle | None = None) -> None:
         self.fetch = fetch
+        self.direct = direct
         self.chunk = chunk
         self.depth = max(1, depth)
-        self.queue: collections.deque[tuple[int, Future[Chunk]]] = collections.deque()
+        self.queue: collections.deque[tuple[int, int, Future[Chunk]]] = collections.deque()
         self.pos = -1  # where the next sequential read starts
         self.next_fetch = 0
         self.total: int | None = None  # the object's size, once a GET said it
+        self.streaming = False  # this read follows on from the last: ranges kept ahead
 
     def readinto(self, offset: int, buf: memoryview) -> int:
         view = memoryview(buf).cast("B") if memoryview(buf).format != "B" else memoryview(buf)
-        if offset != self.pos:
+        if self.direct is not None and len(view) >= self.chunk and not (
+                self.queue and offset == self.pos):
             self._restart(offset)
+            got = self.direct.readinto(offset, view)
+            self.pos = self.next_fetch = offset + got
+            return got
+        self.streaming = offset == self.pos
+        if not self.streaming:
+            self._restart(offset)
+        end = offset + len(view)
         got = 0
         while got < len(view):
             at = offset + got
             if self.total is not None and at >= self.total:
                 break
-            self._fill()
-            start, fut = self.queue[0]
+            self._fill(end)
+            start, length, fut = self.queue[0]
             chunk = fut.result()  # a BackendError of the GET is raised here
             if self.total is None:
                 self.total = chunk.total
-                self._fill()
+                self._fill(end)
             i = at - start
             n = min(chunk.n - i, len(view) - got)
             if n > 0:
@@ -68,7 +84,7 @@ class ReadAhead(ReadHandle):
             if n <= 0 or i + n >= chunk.n:
                 self.queue.popleft()
                 chunk.release()
-                if chunk.n < self.chunk and start + chunk.n < (self.total or 0):
+                if chunk.n < length and start + chunk.n < (self.total or 0):
                     self._restart(start + chunk.n)  # a short GET mid-object: go on from there
         self.pos = offset + got
         return got
@@ -77,26 +93,29 @@ class ReadAhead(ReadHandle):
         self._drop()
         self.pos = self.next_fetch = offset
 
-    def _fill(self) -> None:
-        """Keep `depth` GETs in flight (one until the object's size is known)."""
+    def _fill(self, end: int) -> None:
+        """GETs in flight (one until the object's size is known, then up to `depth`): ranges
+        ahead to the object's end while reads follow on; after a jump, only up to `end`,
+        the end of what this read asks for."""
         limit = 1 if self.total is None else self.depth
-        while len(self.queue) < limit and (self.total is None or self.next_fetch < self.total
-                                            or not self.queue):
-            length = self.chunk
-            if self.total is not None:
-                length = max(1, min(length, self.total - self.next_fetch))
-            self.queue.append((self.next_fetch, self.fetch(self.next_fetch, length)))
+        if self.streaming:
+            stop = self.total if self.total is not None else self.next_fetch + self.chunk
+        else:
+            stop = end if self.total is None else min(end, self.total)
+        while len(self.queue) < limit and (self.next_fetch < stop or not self.queue):
+            length = max(1, min(self.chunk, stop - self.next_fetch))
+            self.queue.append((self.next_fetch, length, self.fetch(self.next_fetch, length)))
             self.next_fetch += length
-            if self.total is not None and self.next_fetch >= self.total:
-                break
 
     def _drop(self) -> None:
         while self.queue:
-            _, fut = self.queue.popleft()
+            _, _, fut = self.queue.popleft()
             fut.add_done_callback(_release_when_done)
 
     def close(self) -> None:
         self._drop()
+        if self.direct is not None:
+            self.direct.close()
 
 
 def _release_when_done(fut: Future[Chunk]) -> None:

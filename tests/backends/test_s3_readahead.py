@@ -1,0 +1,122 @@
+"""Ranged GETs kept ahead of the reader (backends/s3/readahead.py): sequential reads stream
+whole ranges, scattered reads (a restore plan's chunks of another rank's file) fetch only
+what they ask for. First the handle alone over an in-memory object (its fetches recorded),
+then the botocore default path against the real MinIO, counting its requests."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from concurrent.futures import Future
+
+import pytest
+
+from ckptbench.backends.s3.readahead import Chunk, ReadAhead
+from ckptbench.testing import MinioServer
+
+from .conformance import MIB, write_object
+from .test_s3 import s3
+
+KIB = 1 << 10
+
+
+class Recorded:
+    """An object in memory served the way a ranged GET serves it; every GET recorded."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.gets: list[tuple[int, int]] = []
+
+    def fetch(self, offset: int, length: int) -> Future[Chunk]:
+        self.gets.append((offset, length))
+        piece = bytearray(self.data[offset:offset + length])
+        out: Future[Chunk] = Future()
+        out.set_result(Chunk(piece, len(piece), len(self.data)))
+        return out
+
+
+def read(handle: ReadAhead, offset: int, n: int) -> bytes:
+    buf = bytearray(n)
+    got = handle.readinto(offset, memoryview(buf))
+    return bytes(buf[:got])
+
+
+def test_sequential_reads_stream_whole_ranges() -> None:
+    obj = Recorded(os.urandom(5 * MIB + 3))
+    h = ReadAhead(obj.fetch, MIB, depth=3)
+    out = b"".join(read(h, off, 256 * KIB) for off in range(0, len(obj.data), 256 * KIB))
+    assert out == obj.data
+    assert obj.gets[0] == (0, 256 * KIB)  # the first read: what it asks for
+    assert all(n == MIB for _, n in obj.gets[1:-1])  # then whole ranges ahead
+    assert sum(n for _, n in obj.gets) == len(obj.data)  # nothing fetched twice or past the end
+
+
+def test_scattered_reads_fetch_only_what_they_ask() -> None:
+    obj = Recorded(os.urandom(4 * MIB))
+    h = ReadAhead(obj.fetch, MIB, depth=4)
+    offsets = range(1000, 4 * MIB, 97 * KIB)  # 4-byte reads with gaps between them
+    assert [read(h, off, 4) for off in offsets] == [obj.data[o:o + 4] for o in offsets]
+    assert obj.gets == [(o, 4) for o in offsets]
+
+
+def test_a_read_past_the_end_is_short_and_a_jump_back_rereads() -> None:
+    obj = Recorded(os.urandom(3 * MIB))
+    h = ReadAhead(obj.fetch, MIB, depth=2)
+    assert read(h, 3 * MIB - 10, 100) == obj.data[-10:]
+    assert read(h, 3 * MIB, 5) == b""
+    assert read(h, 5, 2 * MIB) == obj.data[5:5 + 2 * MIB]  # a jump: only the span asked
+    assert obj.gets[-2:] == [(5, MIB), (5 + MIB, MIB)]
+
+
+class Direct:
+    """A handle that reads into the caller's buffer (as S3Reader does), reads recorded."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.reads: list[tuple[int, int]] = []
+
+    def readinto(self, offset: int, buf: memoryview) -> int:
+        piece = self.data[offset:offset + len(buf)]
+        buf[:len(piece)] = piece
+        self.reads.append((offset, len(buf)))
+        return len(piece)
+
+    def close(self) -> None:
+        pass
+
+
+def test_reads_of_a_range_or_more_go_straight_into_the_buffer() -> None:
+    """Whole-object reads (warp-shaped runs) are read in place; a small read that
+    follows on streams ranges from where they ended, and a large one it holds is copied."""
+    obj = Recorded(os.urandom(5 * MIB))
+    direct = Direct(obj.data)
+    h = ReadAhead(obj.fetch, MIB, depth=2, direct=direct)  # type: ignore[arg-type]
+    assert read(h, 0, 2 * MIB) == obj.data[:2 * MIB]
+    assert read(h, 2 * MIB, MIB) == obj.data[2 * MIB:3 * MIB]
+    assert read(h, 3 * MIB, 100) == obj.data[3 * MIB:3 * MIB + 100]
+    assert direct.reads == [(0, 2 * MIB), (2 * MIB, MIB)]
+    assert obj.gets == [(3 * MIB, MIB), (4 * MIB, MIB)]
+    assert read(h, 3 * MIB + 100, MIB) == obj.data[3 * MIB + 100:4 * MIB + 100]  # in flight
+    assert len(direct.reads) == 2 and len(obj.gets) == 2
+
+
+@pytest.mark.s3
+def test_botocore_defaults_scattered_reads_are_one_get_each(s3env: MinioServer) -> None:
+    """With chosen defaults (read-ahead on), 40 scattered 4-byte reads of one object cost
+    40 GETs of 4 bytes and one HEAD, not 40 read-ahead windows of 16 MiB."""
+    b = s3(f"s3://{s3env.bucket}/ra/{uuid.uuid4().hex[:8]}", s3env.endpoint, concurrency=None)
+    b.prepare()
+    data = os.urandom(24 * MIB)
+    write_object(b, "ck/x", data, block=8 * MIB)
+    b.stats()
+    h = b.open_read("ck/x")
+    buf = bytearray(4)
+    offsets = [i * 600 * KIB + 7 for i in range(40)]
+    try:
+        for off in offsets:
+            assert h.readinto(off, memoryview(buf)) == 4 and bytes(buf) == data[off:off + 4]
+    finally:
+        h.close()
+    assert b.stats()["requests"] == len(offsets) + 1
+    b.remove_tree("ck")
+    b.release()
