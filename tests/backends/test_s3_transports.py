@@ -5,6 +5,7 @@ errors or records; and the default sizing rules (docs/s3.md, "Defaults")."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -25,7 +26,19 @@ from .conformance import MIB, read_at, write_object
 from .test_s3 import S3Conformance, s3
 
 pytestmark = pytest.mark.s3
-TRANSPORTS = ["crt", "obstore"]
+PACKAGES = {"crt": "awscrt", "obstore": "obstore"}
+
+
+def _needs(transport: str) -> pytest.MarkDecorator:
+    """Skip a transport whose package is not installed, saying which and how to get it."""
+    package = PACKAGES[transport]
+    return pytest.mark.skipif(
+        importlib.util.find_spec(package) is None,
+        reason=f"--s3-transport {transport} needs the {package} package (pip install "
+               "'ckptbench[s3-transports]'; the test extra pins it)")
+
+
+TRANSPORTS = [pytest.param(t, marks=_needs(t)) for t in PACKAGES]
 
 
 class TestS3DefaultsReadAhead(S3Conformance):
@@ -34,20 +47,24 @@ class TestS3DefaultsReadAhead(S3Conformance):
     options: ClassVar[dict[str, Any]] = {"concurrency": None, "part_size": None}
 
 
+@_needs("crt")
 class TestS3Crt(S3Conformance):
     options: ClassVar[dict[str, Any]] = {"transport": "crt"}
 
 
+@_needs("obstore")
 class TestS3Obstore(S3Conformance):
     options: ClassVar[dict[str, Any]] = {"transport": "obstore"}
 
 
+@_needs("crt")
 class TestS3CrtChecksums(S3Conformance):
     """CRC32 trailers on uploads, responses validated where MinIO sends a checksum."""
 
     options: ClassVar[dict[str, Any]] = {"transport": "crt", "checksum": "when_supported"}
 
 
+@_needs("obstore")
 class TestS3ObstoreChecksums(S3Conformance):
     """object_store's request checksum (SHA-256) on uploads."""
 
@@ -193,6 +210,7 @@ def test_ranks_forked_after_prepare_each_make_their_transport(s3env: MinioServer
     assert out.returncode == 0 and out.stdout.strip() == "[('ok', True), ('ok', True)]", out
 
 
+@_needs("crt")
 def test_crt_survives_a_fork_after_use(s3env: MinioServer) -> None:
     b = s3(f"s3://{s3env.bucket}/fork/{uuid.uuid4().hex[:8]}", s3env.endpoint, transport="crt")
     b.prepare()
@@ -203,6 +221,7 @@ def test_crt_survives_a_fork_after_use(s3env: MinioServer) -> None:
     b.release()
 
 
+@_needs("obstore")
 def test_obstore_after_a_fork_after_use_is_one_line(s3env: MinioServer) -> None:
     """obstore's runtime does not survive a fork: a clear refusal, not a hang."""
     b = s3(f"s3://{s3env.bucket}/fork/{uuid.uuid4().hex[:8]}", s3env.endpoint,
