@@ -279,3 +279,27 @@ def test_defaults_follow_ranks_per_host(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")  # the MPI launcher's word wins
     b = S3Backend("s3://bucket/x", S3Options(), IOHints(threads=1, ranks_per_host=16))
     assert b.sizing.ranks_per_host == 2 and b.describe()["concurrency_chosen"] is True
+
+
+@_needs("crt")
+def test_botocore_path_signs_with_botocore_even_with_awscrt(s3env: MinioServer,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore signs through the CRT when awscrt is installed; the botocore transport
+    keeps botocore's own SigV4 (the CRT's read each signed body through Python)."""
+    import botocore.auth
+
+    signed: list[str] = []
+    plain = botocore.auth.S3SigV4Auth.add_auth
+
+    def spy(self: Any, request: Any) -> None:
+        signed.append(type(self).__module__)
+        plain(self, request)
+
+    monkeypatch.setattr(botocore.auth.S3SigV4Auth, "add_auth", spy)
+    b = s3(f"s3://{s3env.bucket}/sig/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b.prepare()
+    write_object(b, "ck/x", b"signed" * 1000)
+    assert read_at(b, "ck/x", 0, 6000) == b"signed" * 1000
+    assert signed and set(signed) == {"botocore.auth"}, signed
+    b.remove_tree("ck")
+    b.release()
