@@ -136,6 +136,14 @@ class Backend(ABC):
     @abstractmethod
     def open_read(self, key: str) -> ReadHandle: ...
 
+    def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
+        """A read handle for `key` that will be asked for `spans` ((offset, length), in
+        this order), as a restore plan's reads are known before the first (DCP hands its
+        storage reader all of a file's reads at once). A store may fetch them ahead and
+        concurrently; a read outside them is served all the same. Default: open_read."""
+        del spans
+        return self.open_read(key)
+
     @abstractmethod
     def put_atomic(self, key: str, data: bytes) -> None:
         """Write a small object so that readers see all of it or nothing (the manifest)."""

@@ -155,7 +155,9 @@ class RangedRestore(FormatBase):
         try:
             for j, job in enumerate(jobs):
                 t0 = now()
-                handle = self.backend.open_read(job.key)
+                handle = self.backend.open_read_planned(
+                    job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
+                              for rd in job.reads or []])
                 res.op("open", job.index, 0, t0, now(), rank=job.reader)
                 try:
                     for k, rd in enumerate(job.reads or []):

@@ -168,6 +168,12 @@ class S3Backend(Backend):
             return transport_for(self).open_read(key)
         return boto_readahead(self).open_read(key)
 
+    def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
+        """The planned spans' GETs kept in flight, `concurrency` at a time (readahead)."""
+        if self.options.transport != "botocore":
+            return transport_for(self).open_read(key, spans)
+        return boto_readahead(self).open_read(key, spans)
+
     def put_atomic(self, key: str, data: bytes) -> None:
         # One PUT: readers see the whole object or none of it.
         with self.calls(f"put {key}"):

@@ -1,16 +1,20 @@
 """Restores on the botocore path: ranged GETs issued ahead of the reader
 (:mod:`.readahead`) on a thread pool, so that a rank keeps its requests in flight (chosen,
 or ``--s3-concurrency``) whatever the size of its reads: a restore plan reads chunk by
-chunk, many of them under 1 MiB. Each GET is the plain reader's (:class:`.reader.S3Reader`:
-read from the socket straight into a staging buffer, cut bodies retried and counted); the
-first also asks the object's size (HEAD), so no GET goes past the end. A read of at least
-one range that no GET in flight holds goes straight into the caller's buffer (the plain
-reader's parallel ranged GETs, no copy), as warp-shaped runs read whole objects.
+chunk, many of them under 1 MiB. Ranges are 64 MiB, in staging buffers reused from GET to
+GET. Each GET is the plain reader's (:class:`.reader.S3Reader`: read from the socket
+straight into the staging buffer, cut bodies retried and counted); the object's size
+comes from the first GET's Content-Range (a HEAD where a store sends none), so no GET
+goes past the end. With a plan (a restore plan's reads) the GETs are the planned spans.
+Unplanned, a read of at least 16 MiB that no GET in flight holds goes straight into
+the caller's buffer (the plain reader's parallel ranged GETs, no copy), as warp-shaped
+runs read whole objects.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -29,28 +33,38 @@ class BotoReadAhead:
 
     def __init__(self, backend: S3Backend) -> None:
         self.b = backend
-        self.chunk = PART_RANGE[0]
+        # 64 MiB ranges (the largest part size): fewer requests, each costing the client
+        # about 1 ms of CPU; restores ran about 7% faster here than with 16 MiB ranges.
+        # The staging buffers are reused (crt and obstore allocate per GET: 16 MiB there)
+        self.chunk = PART_RANGE[1]
         self.pool = ThreadPoolExecutor(backend.concurrency * backend.hints.threads,
                                        thread_name_prefix="ckptbench-s3-ahead")
         self.lock = threading.Lock()
         self.spare: list[bytearray] = []
 
-    def open_read(self, key: str) -> ReadHandle:
+    def open_read(self, key: str, plan: Sequence[tuple[int, int]] | None = None
+                  ) -> ReadHandle:
         reader = S3Reader(self.b, key)
         size: list[int] = []
 
         def fetch(offset: int, length: int) -> Future[Chunk]:
             return self.pool.submit(self._get, reader, key, size, offset, length)
 
-        return ReadAhead(fetch, self.chunk, self.b.concurrency, direct=reader)
+        return ReadAhead(fetch, self.chunk, self.b.concurrency, direct=reader, plan=plan,
+                         direct_min=PART_RANGE[0])
 
     def _get(self, reader: S3Reader, key: str, size: list[int], offset: int,
              length: int) -> Chunk:
-        if not size:
-            size.append(self._size(key))
         buf = self._buffer(length)
-        n = reader._range(offset, memoryview(buf)[:length]) if offset < size[0] else 0
-        return Chunk(buf, n, size[0], lambda: self._give(buf))
+        n = reader._range(offset, memoryview(buf)[:length], size)
+        if size:
+            total = size[0]
+        elif n < length:  # the object ends inside this GET (or before it)
+            total = offset + n
+        else:  # a store that sends no Content-Range
+            size.append(self._size(key))
+            total = size[0]
+        return Chunk(buf, n, total, lambda: self._give(buf))
 
     def _size(self, key: str) -> int:
         from botocore.exceptions import ClientError
@@ -72,7 +86,7 @@ class BotoReadAhead:
 
     def _give(self, buf: bytearray) -> None:
         with self.lock:
-            if len(buf) == self.chunk and len(self.spare) < 2 * self.b.concurrency:
+            if len(buf) == self.chunk and len(self.spare) <= self.pool._max_workers:
                 self.spare.append(buf)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +109,10 @@ class CrtTransport:
     def open_write(self, key: str, size: int) -> WriteHandle:
         return CrtWriter(self, key, size)
 
-    def open_read(self, key: str) -> ReadHandle:
+    def open_read(self, key: str, plan: Sequence[tuple[int, int]] | None = None
+                  ) -> ReadHandle:
         return ReadAhead(lambda off, n: self.get(key, off, n), self.range,
-                         self.b.concurrency)
+                         self.b.concurrency, plan=plan)
 
     def get(self, key: str, offset: int, length: int) -> Future[Chunk]:
         """One ranged GET into a fresh buffer; an offset past the end gives 0 bytes."""

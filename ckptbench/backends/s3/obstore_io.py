@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -99,9 +100,10 @@ class ObstoreTransport:
     def open_write(self, key: str, size: int) -> WriteHandle:
         return ObstoreWriter(self, key, size)
 
-    def open_read(self, key: str) -> ReadHandle:
+    def open_read(self, key: str, plan: Sequence[tuple[int, int]] | None = None
+                  ) -> ReadHandle:
         return ReadAhead(lambda off, n: self.pool.submit(self.get, key, off, n), self.range,
-                         self.b.concurrency)
+                         self.b.concurrency, plan=plan)
 
     def get(self, key: str, offset: int, length: int) -> Chunk:
         try:

@@ -49,9 +49,10 @@ class S3Reader(ReadHandle):
                 break
         return total
 
-    def _range(self, offset: int, view: memoryview) -> int:
+    def _range(self, offset: int, view: memoryview, size: list[int] | None = None) -> int:
         """One ranged GET into `view`; body errors (after the headers) are retried here,
-        since botocore's retries end when the response headers arrive."""
+        since botocore's retries end when the response headers arrive. `size`, where
+        given and empty, gets the object's size from the response's Content-Range."""
         from botocore.exceptions import ClientError
 
         b = self.b
@@ -70,6 +71,9 @@ class S3Reader(ReadHandle):
                         raise BackendError(f"{b.target}: read {self.name}: no such object") from None
                     raise
             length = int(resp.get("ContentLength", 0))
+            total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+            if size is not None and not size and total.isdigit():
+                size.append(int(total))
             if length > len(view):
                 resp["Body"].close()
                 raise BackendError(f"{b.target}: read {self.name}: the endpoint ignored the byte "

@@ -12,6 +12,7 @@ kept in the process's client state.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlsplit
@@ -31,7 +32,8 @@ class Transport(Protocol):
 
     def open_write(self, key: str, size: int) -> WriteHandle: ...
 
-    def open_read(self, key: str) -> ReadHandle: ...
+    def open_read(self, key: str, plan: Sequence[tuple[int, int]] | None = None
+                  ) -> ReadHandle: ...
 
 
 @dataclass(frozen=True)
