@@ -258,7 +258,9 @@ def test_default_sizing_rules() -> None:
     assert Sizing(None, None, threads=1, ranks_per_host=8, cpus=64).in_flight == 4
     assert Sizing(None, None, threads=4, ranks_per_host=2, cpus=64).in_flight == 4
     assert Sizing(None, None, threads=1, ranks_per_host=64, cpus=64).in_flight == 4  # >= 4 a rank
-    assert Sizing(None, None, threads=1, ranks_per_host=2, cpus=2).in_flight == 4  # 4 per CPU
+    assert Sizing(None, None, threads=1, ranks_per_host=2, cpus=2).in_flight == 4  # >= 4 a rank
+    assert Sizing(None, None, threads=1, ranks_per_host=1, cpus=2).in_flight == 4  # 2 per CPU
+    assert Sizing(None, None, threads=1, ranks_per_host=1, cpus=6).in_flight == 12
     assert one.part_for(3 * MIB) == 5 * MIB  # small objects: one PUT
     assert one.part_for(64 * MIB) == 64 * MIB  # up to 64 MiB: one PUT
     assert one.part_for(700 * MIB) == 44 * MIB  # the whole object in flight in 16 parts
