@@ -5,6 +5,9 @@ unverified."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,3 +29,30 @@ def test_restore_phase_records_whether_it_verified(tmp_path: Path, verify: bool)
     ranks = [r for r in recs if r.get("type") == "rank" and r["phase"] == "restore"]
     planned = phase["planned_read_bytes"]  # the DCP restore plan's reads (replicas too)
     assert planned > 0 and sum(r["bytes"] for r in ranks) == planned  # every byte was read
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "ckptbench", "run", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=cwd, check=False)
+
+
+def test_no_verify_on_the_command_line_says_so_and_records_it(tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    r = _cli(str(ROOT / "workloads" / "tiny.toml"), "--target", str(tmp_path / "t"),
+             "--no-verify", "--results", str(results), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "restores NOT verified: --no-verify" in r.stderr
+    recs = [json.loads(line) for line in results.read_text().splitlines()]
+    phase = next(x for x in recs if x.get("type") == "phase" and x["phase"] == "restore")
+    assert phase["verified"] is False and phase["ok"] is True
+    assert next(x for x in recs if x.get("type") == "run")["options"]["verify"] is False
+
+
+def test_no_verify_with_another_format_is_one_line(tmp_path: Path) -> None:
+    r = _cli(str(ROOT / "workloads" / "tiny.toml"), "--target", str(tmp_path / "t"),
+             "--no-verify", "--format", "zarr", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        "--no-verify needs --format raw (--format zarr always verifies); allowed: drop "
+        "--no-verify, or --format raw"), r.stderr

@@ -99,6 +99,9 @@ RESTORE_PLANS = ("dcp", "files")
               help="Remove what interrupted runs left on the target (only the names each run "
                    "recorded; without it, it is reported).")
 @click.option("--no-restore", is_flag=True, help="Measure saves only.")
+@click.option("--no-verify", is_flag=True,
+              help="Diagnostic (--format raw): restores read every byte without checking it; "
+                   "the results record them as unverified.")
 @click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: evict the checkpoint from caches before restoring.")
 @click.option("--restore-shift", type=int, default=None,
@@ -131,7 +134,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 prefill: str, keep: bool, clean_debris: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
                 as_json: bool, wide: bool, width: int | None, restore_plan: str | None,
-                restore_world_size: int | None, restore_layout: str | None,
+                restore_world_size: int | None, restore_layout: str | None, no_verify: bool,
                 **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     backend_flags = typed_backend_flags(click.get_current_context())
@@ -143,7 +146,8 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
              backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
              width=table.output_width(wide, width), clean_debris=clean_debris,
-             restore=RestoreChoice(restore_plan, restore_world_size, restore_layout))
+             restore=RestoreChoice(restore_plan, restore_world_size, restore_layout),
+             verify=not no_verify)
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,11 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
          codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
-         restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False) -> None:
+         restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False,
+         verify: bool = True) -> None:
+    if not verify and fmt != "raw":
+        raise SpecError(f"--no-verify needs --format raw (--format {fmt} always verifies); "
+                        "allowed: drop --no-verify, or --format raw")
     full = apply_restore_layout(load_workload(workload), restore.world_size, restore.layout)
     restore_plan = restore.resolve(fmt)
     run_workload = scaled(full, scale)
@@ -192,6 +200,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
         stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
+        verify=verify,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -208,7 +217,8 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
 
     def banner() -> None:
         click.echo(f"{full.name}: {len(selected)} of {plan.world_size} ranks, "
-                   f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}",
+                   f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}"
+                   + ("" if verify else " (restores NOT verified: --no-verify)"),
                    err=True)  # stdout: the results alone
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
