@@ -366,20 +366,30 @@ class CheckpointCost:
     after it until the checkpoint is durable (asynchronous saves, else 0). A failure in
     that window falls back one more period, which costs ``persist_s`` per failure on
     average, so the model charges it with the restart: R_eff = R + persist.
+    ``interference`` is how much slower training steps run during the persist (0.1: 10 %
+    longer): of the persist's L seconds, L i / (1 + i) advance no training, so the model
+    charges them with the save: C_eff = C + L i / (1 + i).
     """
 
     save_s: float
     restore_s: float
     persist_s: float = 0.0
+    interference: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("save_s", self.save_s)
         _non_negative("restore_s", self.restore_s)
         _non_negative("persist_s", self.persist_s)
+        _non_negative("interference", self.interference)
 
     @property
     def effective_restore_s(self) -> float:
         return self.restore_s + self.persist_s
+
+    @property
+    def effective_save_s(self) -> float:
+        """The compute time one checkpoint costs: blocking + what the persist slows."""
+        return self.save_s + self.persist_s * self.interference / (1.0 + self.interference)
 
 
 @dataclass(frozen=True)
@@ -389,7 +399,7 @@ class OperatingPoint:
     label: str
     interval_s: float
     goodput: float
-    save_fraction: float  # share of wall time spent in blocking saves
+    save_fraction: float  # share of wall time spent in blocking saves (+ persist slowdown)
     failure_fraction: float  # share lost to rework and restarts
     loss_per_failure_s: float
     gpu_hours_lost_per_day: float | None
@@ -425,11 +435,11 @@ def operating_point(label: str, interval_s: float, cost: CheckpointCost, mtbf_s:
                     gpus: int | None = None, gpu_hour_price: float | None = None
                     ) -> OperatingPoint:
     """Everything the table shows for one interval."""
-    args = (interval_s, cost.save_s, cost.effective_restore_s, mtbf_s)
+    args = (interval_s, cost.effective_save_s, cost.effective_restore_s, mtbf_s)
     log_e = _log_efficiency(*args)
     goodput = math.exp(log_e)
     lost_share = max(0.0, -math.expm1(log_e))  # 1 - E without cancellation (nor -0.0)
-    save_share = 0.0 if math.isinf(interval_s) else goodput * cost.save_s / interval_s
+    save_share = 0.0 if math.isinf(interval_s) else goodput * cost.effective_save_s / interval_s
     gpu_hours = None if gpus is None else gpus * 24.0 * lost_share
     price = None if gpu_hours is None or gpu_hour_price is None else gpu_hours * gpu_hour_price
     return OperatingPoint(
@@ -475,7 +485,7 @@ def analyze(cost: CheckpointCost, mtbf_s: float, *, gpus: int | None = None,
     def point(label: str, tau: float) -> OperatingPoint:
         return operating_point(label, tau, cost, mtbf_s, gpus, gpu_hour_price)
 
-    exact = point("exact optimum", optimal_interval(cost.save_s, mtbf_s))
+    exact = point("exact optimum", optimal_interval(cost.effective_save_s, mtbf_s))
     floor_s, reason = interval_floor(cost, checkpoint_bytes, storage_bandwidth)
     recommended = exact if exact.interval_s >= floor_s else point("allowed optimum", floor_s)
     return CadenceReport(
@@ -485,8 +495,8 @@ def analyze(cost: CheckpointCost, mtbf_s: float, *, gpus: int | None = None,
         failures_per_day=SECONDS_PER_DAY / mtbf_s,
         floor_s=floor_s,
         floor_reason=reason,
-        young=point("Young (1974)", young_interval(cost.save_s, mtbf_s)),
-        daly=point("Daly (2006)", daly_interval(cost.save_s, mtbf_s)),
+        young=point("Young (1974)", young_interval(cost.effective_save_s, mtbf_s)),
+        daly=point("Daly (2006)", daly_interval(cost.effective_save_s, mtbf_s)),
         exact=exact,
         recommended=recommended,
         current=None if current_interval_s is None else point("current", current_interval_s),
@@ -524,7 +534,8 @@ def goodput_curve(cost: CheckpointCost, mtbf_s: float, intervals: Iterable[float
                   ) -> list[tuple[float, float]]:
     """(interval, goodput) pairs, for plotting."""
     return [
-        (tau, efficiency(tau, cost.save_s, cost.effective_restore_s, mtbf_s)) for tau in intervals
+        (tau, efficiency(tau, cost.effective_save_s, cost.effective_restore_s, mtbf_s))
+        for tau in intervals
     ]
 
 
@@ -664,3 +675,50 @@ def workload_checkpoint_bytes(workload: Workload) -> int:
             " give --checkpoint-size instead"
         ) from None
     return int(build_plan(workload).total_bytes)
+
+
+# --- asynchronous runs ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsyncMeasurement:
+    """What a ``--mode async`` run measured that the job's cost needs: the blocking time
+    of one process's state (waits for the previous persist left out: at an interval above
+    the floor there are none) and the interference during persists."""
+
+    blocking_s: float  # median over checkpoints, the slowest process
+    bytes_per_process: int  # the state each process snapshotted
+    interference: float  # measured; may be below 0 (noise): charged as 0
+    source: str
+
+    def blocking_for(self, bytes_per_gpu: float) -> float:
+        """The job's blocking time: a snapshot is a copy, linear in the bytes it copies."""
+        return self.blocking_s * bytes_per_gpu / self.bytes_per_process
+
+
+def async_measurement(path: str | Path) -> AsyncMeasurement | None:
+    """The async summary of a results file, or None for a sync run (or a file without
+    one: the save and restore summaries are read, and checked, on their own)."""
+    from ckptbench.async_report import SUMMARY
+
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if not isinstance(record, dict) or record.get("type") != SUMMARY:
+            continue
+        blocking = (record.get("blocking_without_wait_s") or {}).get("median")
+        nbytes = record.get("bytes_per_process")
+        inter = record.get("interference")
+        if not (isinstance(blocking, int | float) and blocking > 0 and isinstance(nbytes, int)
+                and nbytes > 0):
+            raise SpecError(f"--results {path}: the async summary has no blocking time;"
+                            " was a checkpoint committed?")
+        return AsyncMeasurement(float(blocking), nbytes,
+                                float(inter) if isinstance(inter, int | float) else 0.0, str(path))
+    return None

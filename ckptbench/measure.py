@@ -12,12 +12,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ckptbench.async_report import summarize_async
 from ckptbench.backends import BackendOptions, IOHints, open_backend
 from ckptbench.formats import check_format
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, view
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
+from ckptbench.runner.async_mode import check_async
 from ckptbench.spec import load_workload, parse_ranks, scaled
 
 
@@ -29,7 +31,8 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
     `scale`, the plan ranks to run ('0-7' or a list; default all), the target's backend with
     its options (typed, or option names -> values) and the runner's I/O hints, and any
     RunOptions field (iterations, threads, block_size, format, codec, ...). Every check the
-    CLI makes happens here (one-line errors)."""
+    CLI makes happens here (one-line errors). --mode async: mode="async" and
+    loop=LoopOptions(...)."""
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -43,6 +46,7 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
     options.setdefault("threads", run_workload.checkpoint.threads)
     options.setdefault("run_id", new_run_id())
     run_options = RunOptions(restore_shift=restore_shift or 0, **options)
+    check_async(plan, run_options)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
                     stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)
@@ -68,7 +72,7 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
         failure = run_session(req, launcher, sink, on_progress, on_start)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
-            sink.write_all(summarize(sink.records))
+            sink.write_all(summarize(sink.records) + summarize_async(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
     if failure is not None:

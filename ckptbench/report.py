@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.async_report import SUMMARY, summarize_async
 from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
 
@@ -197,4 +198,5 @@ def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:
         "iterations": iteration_stats(records),
         "summary": summary,
         "errors": [r for r in records if r.get("type") == "error"],
+        "async": [r for r in records if r.get("type") == SUMMARY] or summarize_async(records),
     }

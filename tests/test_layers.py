@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ckptbench.formats",),
     ("ckptbench.records",),
     ("ckptbench.runner",),
-    ("ckptbench.report",),
+    ("ckptbench.report", "ckptbench.async_report"),
     ("ckptbench.jobmodel", "ckptbench.cadence"),
     ("ckptbench.measure",),
     ("ckptbench.testing",),

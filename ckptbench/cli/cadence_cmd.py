@@ -86,6 +86,9 @@ def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | 
 @click.option("--blocking-seconds", metavar="DUR",
               help="Asynchronous saves: the blocking part; the rest of the save time is the "
                    "persist time, a lower bound on the interval.")
+@click.option("--interference", metavar="FRACTION",
+              help="Asynchronous saves: how much slower training steps run during the persist "
+                   "(0.1 or 10%%); charged to goodput [default: measured by an async --results].")
 @click.option("--mtbf", metavar="DUR",
               help="Job mean time between interruptions (bare number: hours; inf = none).")
 @click.option("--failure-preset", type=str, metavar="NAME",
@@ -106,7 +109,8 @@ def cadence_command(results: Path | None, workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
                     aggregate_bandwidth: str | None, save_seconds: str | None,
                     restore_seconds: str | None, restart_overhead: str | None,
-                    blocking_seconds: str | None, mtbf: str | None, failure_preset: str | None,
+                    blocking_seconds: str | None, interference: str | None,
+                    mtbf: str | None, failure_preset: str | None,
                     components: tuple[str, ...], interval: str | None,
                     gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
                     force: bool, as_json: bool) -> None:
@@ -156,12 +160,20 @@ def cadence_command(results: Path | None, workload_path: str | None,
     if restart_overhead:
         restore_s += parse_duration(restart_overhead, "--restart-overhead", "s")
     persist_s = 0.0
+    measured = cadence.async_measurement(results) if results is not None else None
+    slowdown = _ratio(interference, "--interference") if interference else None
     if blocking_seconds:
         blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
         if blocking > save_s:
             raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
         save_s, persist_s = blocking, save_s - blocking
-    cost = cadence.CheckpointCost(save_s, restore_s, persist_s)
+    elif measured is not None and gpus and checkpoint_bytes:
+        # An async run: the save above is the persist; the job blocks for its snapshot.
+        blocking = min(save_s, measured.blocking_for(checkpoint_bytes / gpus))
+        save_s, persist_s = blocking, save_s - blocking
+    if slowdown is None:
+        slowdown = max(0.0, measured.interference) if measured is not None else 0.0
+    cost = cadence.CheckpointCost(save_s, restore_s, persist_s, slowdown)
 
     model = cadence.failure_model(
         mtbf_s=parse_duration(mtbf, "--mtbf", "h", allow_inf=True) if mtbf else None,
@@ -194,6 +206,7 @@ def cadence_command(results: Path | None, workload_path: str | None,
             "mtbf_source": model.source,
             "gpus": gpus,
             "checkpoint_bytes": checkpoint_bytes,
+            "async": None if measured is None else asdict(measured),
             "bandwidth": None if scaled is None else {
                 "assumption": scaled.assumption,
                 "save_bytes_per_s": scaled.save_bandwidth,
@@ -210,12 +223,27 @@ def cadence_command(results: Path | None, workload_path: str | None,
         }
         click.echo(json.dumps(_jsonable(payload), indent=2))
         return
-    _print_table(report, model, scaled, checkpoint_bytes, inverse, gpu_hour_price, plot)
+    _print_table(report, model, scaled, checkpoint_bytes, inverse, gpu_hour_price, plot,
+                 measured, gpus)
+
+
+def _ratio(text: str, option: str) -> float:
+    """A slowdown >= 0 from '0.12' or '12%'."""
+    body = text.strip()
+    try:
+        value = float(body.removesuffix("%")) / (100.0 if body.endswith("%") else 1.0)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise SpecError(f"{option} {text!r} must be >= 0, e.g. 0.1 or 10%")
+    return value
 
 
 def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
                  scaled: cadence.ScaledCost | None, checkpoint_bytes: float | None,
-                 inverse: dict[str, Any], price: float | None, plot: Path | None) -> None:
+                 inverse: dict[str, Any], price: float | None, plot: Path | None,
+                 measured: cadence.AsyncMeasurement | None = None,
+                 gpus: int | None = None) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -230,7 +258,17 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
     if cost.persist_s:
         line += f", persist {cost.persist_s:.3g} s (asynchronous)"
-    console.print(line)
+    if cost.interference:
+        line += (f"; training {100 * cost.interference:.3g} % slower while persisting: charged"
+                 f" {cost.effective_save_s - cost.save_s:.3g} s per checkpoint")
+    console.print(line, soft_wrap=True)
+    if measured is not None and gpus and checkpoint_bytes:
+        console.print(
+            f"asynchronous run {measured.source}: blocking {measured.blocking_s:.3g} s for"
+            f" {measured.bytes_per_process / 1e9:.3g} GB of state per process, scaled to"
+            f" {checkpoint_bytes / gpus / 1e9:.3g} GB per GPU; its save time is the persist"
+            f" (the interval's floor); interference {100 * measured.interference:+.3g} %"
+            " measured", soft_wrap=True, markup=False)
     if scaled is not None:
         console.print(f"bandwidth assumption: {scaled.assumption}")
     if checkpoint_bytes:

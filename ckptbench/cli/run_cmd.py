@@ -22,6 +22,7 @@ from rich.table import Table
 
 from ckptbench import report as report_mod
 from ckptbench.backends import IOHints, open_backend
+from ckptbench.cli.async_table import async_options, loop_options, render_async
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.errors import CkptbenchError
 from ckptbench.formats import FORMATS, check_format
@@ -29,6 +30,8 @@ from ckptbench.measure import measure
 from ckptbench.payload import MODES
 from ckptbench.plan import build_plan
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.runner.async_mode import check_async
+from ckptbench.runner.options import LoopOptions
 from ckptbench.spec import load_workload, parse_ranks, scaled
 from ckptbench.units import parse_size
 
@@ -71,6 +74,7 @@ def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
             table.add_row(name, e["phase"], str(e["iteration"]), "", "FAILED", "", "", "", "", e["message"][:60], "")
     console.print(table)
     render_storage(console, loaded)
+    render_async(console, loaded)
 
 
 def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:
@@ -140,28 +144,34 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 @click.option("--codec", default="none", show_default=True,
               help="zarr only: none, zstd[:level=N], lz4[:acceleration=N], blosc[:cname=C,clevel=N,"
                    "shuffle=byte|bit|none]; any takes inner_chunks=N (inner chunks per shard).")
+@async_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
                 threads: int | None, block_size: str, payload: str, seed: int,
                 prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
-                **_backend_values: Any) -> None:  # read as typed_backend_flags
-    """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+                mode: str, **values: Any) -> None:  # backends' read as typed_backend_flags
+    """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file.
+
+    --mode async: checkpoints of a synthetic training loop instead (ITERATIONS of them),
+    measured for what the loop waits, the time until durable and the slowdown of training.
+    """
     backend_flags = typed_backend_flags(click.get_current_context())
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
+    loop = loop_options(values, mode, click.get_current_context())
     launch = open_launcher(launcher)
     with quiet_unless_root(launch):  # under MPI only rank 0 prints
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
-             backend_flags, fmt=fmt, codec=codec)
+             backend_flags, fmt=fmt, codec=codec, mode=mode, loop=loop)
 
 
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
-         codec: str = "none") -> None:
+         codec: str = "none", mode: str = "sync", loop: LoopOptions | None = None) -> None:
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -174,7 +184,9 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
+        mode=mode, loop=loop or LoopOptions(),
     )
+    check_async(plan, options)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
                     stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)

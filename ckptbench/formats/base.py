@@ -14,6 +14,10 @@ Contract of every format (the :class:`Format` protocol):
 * ``restore(jobs, manifest_key)``: ``group.barrier()``, read the manifest (timed: it is the
   restore's first step), read every job back and check each chunk against its digest;
 * ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore).
+
+Where the bytes come from is a seam of its own (:class:`PayloadSource`): generated on the
+fly by default, or copied from a snapshot of a training loop's state (asynchronous
+checkpoints, ``ckptbench.runner.staging``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
@@ -112,6 +118,44 @@ def first_error(results: list[ThreadResult]) -> BaseException | None:
     return next((r.error for r in results if r.error is not None), None)
 
 
+class PayloadSource(Protocol):
+    """Where a format's writer threads get a file's bytes.
+
+    ``prefill``: the source may be drained ahead of the clock (generated payload); a
+    snapshot is already in memory and is never waited for before writing starts.
+    ``expect``: the format announces, before its threads start, which jobs each thread
+    takes and in what block size, in order (a bounded snapshot stages them in that order).
+    ``fill``: bytes [offset, offset + len(out)) of the job into `out` (past the job's end:
+    zeros). ``finish``: a thread is done with its jobs (also when it stopped early).
+    """
+
+    prefill: bool
+
+    def expect(self, threads: list[list[FileJob]], block: int) -> None: ...
+
+    def fill(self, job: FileJob, offset: int, out: np.ndarray) -> None: ...
+
+    def finish(self, jobs: list[FileJob]) -> None: ...
+
+
+class GeneratedPayload:
+    """The default source: the deterministic payload, generated as it is asked for."""
+
+    prefill = True
+
+    def __init__(self, gen: PayloadGenerator) -> None:
+        self.gen = gen
+
+    def expect(self, threads: list[list[FileJob]], block: int) -> None:
+        return None
+
+    def fill(self, job: FileJob, offset: int, out: np.ndarray) -> None:
+        self.gen.fill(job.base, job.regions, offset, out)
+
+    def finish(self, jobs: list[FileJob]) -> None:
+        return None
+
+
 class Format(Protocol):
     """What the runner asks of a format (see the module docstring)."""
 
@@ -144,6 +188,7 @@ class FormatBase:
         self.o = options
         self.progress = progress or (lambda n: None)
         self.gen = PayloadGenerator(options.payload, options.seed)
+        self.source: PayloadSource = GeneratedPayload(self.gen)  # replaced for snapshots
         self.align = max(backend.alignment, 1)
         self.block = round_up(options.block_size, max(self.align, 8))
         # threads and prefill are per plan rank: a process running a group of plan ranks

@@ -55,7 +55,7 @@ class RawFormat(FormatBase):
                     n = min(self.block, job.size - off)
                     padded = round_up(n, self.align)
                     buf = ring.buffers[i]
-                    self.gen.fill(job.base, job.regions, off, buf[:round_up(n, 8)])
+                    self.source.fill(job, off, buf[:round_up(n, 8)])
                     hasher.update(off, buf[:n])
                     ring.put((j, off, i, n, padded))
                 res.digests[job.index] = hasher.digests()
@@ -63,6 +63,7 @@ class RawFormat(FormatBase):
             res.error = exc
             ring.stop()
         finally:
+            self.source.finish(jobs)
             ring.primed.set()
             ring.put(None)
 
@@ -134,10 +135,12 @@ class RawFormat(FormatBase):
         results = [ThreadResult() for _ in groups]
         producers = [threading.Thread(target=self._produce, args=(r, g, res), daemon=True)
                      for r, g, res in zip(rings, groups, results, strict=True)]
+        self.source.expect(groups, self.block)
         for t in producers:
             t.start()
-        for r in rings:  # payload for the first buffers is ready before the clock starts
-            r.primed.wait()
+        if self.source.prefill:  # the first buffers' payload is ready before the clock starts
+            for r in rings:
+                r.primed.wait()
         create_error = self._create_shared(jobs)
         self.group.barrier()
         if create_error is not None:

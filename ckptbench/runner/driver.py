@@ -28,6 +28,7 @@ from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
+    Format,
     ThreadResult,
     TimedOp,
     file_jobs,
@@ -123,6 +124,15 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                    comm: Comm, options: RunOptions, sink: RecordSink | None,
                    progress: Callable[[int], None] | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails."""
+    if options.mode == "async":  # checkpoints of a training loop (runner.async_mode)
+        from ckptbench.runner.async_mode import AsyncLoop, DriverPhases
+
+        def restore(fmt: Format, it: int) -> None:
+            restore_iteration(plan, fmt, my_ranks, all_ranks, backend, comm, options, sink, it)
+
+        AsyncLoop(plan, my_ranks, backend, comm, options, sink, progress,
+                  DriverPhases(_report, _commit, restore)).run()
+        return
     fmt = open_format(options.format, plan, my_ranks, backend, comm, options.format_options(),
                       progress)
     coordinator = comm.rank == 0
@@ -146,46 +156,59 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         if not decision["ok"]:
             raise RunFailed(decision["message"], decision["kind"])
 
-        # --- cache ---
-        method = "none"
-        if options.restore and options.cache == "auto":
-            method = backend.drop_cache(fmt.cache_keys(jobs))
-        comm.barrier()
-        dropped = False
-        if coordinator and options.restore and options.cache == "auto" and method == "fadvise":
-            dropped = backend.drop_host_caches()
-        if comm.bcast(dropped):
-            method = f"{method}+drop_caches"
-        methods = comm.gather(method)
-
-        # --- restore ---
-        if options.restore:
-            read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
-            rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
-            manifest_t: tuple[int, int] | None = None
-            try:
-                rresults, manifest_t = fmt.restore(rjobs, manifest_key)
-                rerr = first_error(rresults)
-            except BaseException as exc:  # noqa: BLE001
-                rresults, rerr = [], exc
-            mine = _report(rresults, rjobs, comm, rerr, backend.stats())
-            if manifest_t is not None:
-                off = comm.clock_offset_ns()
-                mine.manifest = (manifest_t[0] + off, manifest_t[1] + off)
-            rgathered = comm.gather(mine)
-            if coordinator:
-                assert rgathered is not None and methods is not None
-                decision = _finish_restore(plan, it, rgathered, methods, options, sink)
-                if not decision["ok"] and not options.keep:
-                    backend.remove_tree(ckpt)
-            decision = comm.bcast(decision)
-            if not decision["ok"]:
-                raise RunFailed(decision["message"], decision["kind"])
+        restore_iteration(plan, fmt, my_ranks, all_ranks, backend, comm, options, sink, it)
 
         # --- cleanup ---
         comm.barrier()
         if coordinator and not options.keep:
             backend.remove_tree(ckpt)
+
+
+def restore_iteration(plan: Plan, fmt: Format, my_ranks: list[int], all_ranks: list[int],
+                      backend: Backend, comm: Comm, options: RunOptions,
+                      sink: RecordSink | None, it: int) -> None:
+    """Collective, after iteration `it`'s checkpoint is committed: evict it from caches,
+    then restore and verify it; raise RunFailed on every process when that fails."""
+    ckpt = f"{options.run_id}/{plan.checkpoint_name(it)}"
+    manifest_key = f"{ckpt}/{plan.manifest}"
+    jobs = file_jobs(plan, my_ranks, ckpt, it, options.seed)
+    coordinator = comm.rank == 0
+    decision: dict[str, Any] = {"ok": True}
+    # --- cache ---
+    method = "none"
+    if options.restore and options.cache == "auto":
+        method = backend.drop_cache(fmt.cache_keys(jobs))
+    comm.barrier()
+    dropped = False
+    if coordinator and options.restore and options.cache == "auto" and method == "fadvise":
+        dropped = backend.drop_host_caches()
+    if comm.bcast(dropped):
+        method = f"{method}+drop_caches"
+    methods = comm.gather(method)
+
+    # --- restore ---
+    if options.restore:
+        read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
+        rjobs = file_jobs(plan, read_ranks, ckpt, it, options.seed)
+        manifest_t: tuple[int, int] | None = None
+        try:
+            rresults, manifest_t = fmt.restore(rjobs, manifest_key)
+            rerr = first_error(rresults)
+        except BaseException as exc:  # noqa: BLE001
+            rresults, rerr = [], exc
+        mine = _report(rresults, rjobs, comm, rerr, backend.stats())
+        if manifest_t is not None:
+            off = comm.clock_offset_ns()
+            mine.manifest = (manifest_t[0] + off, manifest_t[1] + off)
+        rgathered = comm.gather(mine)
+        if coordinator:
+            assert rgathered is not None and methods is not None
+            decision = _finish_restore(plan, it, rgathered, methods, options, sink)
+            if not decision["ok"] and not options.keep:
+                backend.remove_tree(ckpt)
+        decision = comm.bcast(decision)
+        if not decision["ok"]:
+            raise RunFailed(decision["message"], decision["kind"])
 
 
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
@@ -260,4 +283,4 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     return {"ok": True}
 
 
-__all__ = ["RunFailed", "run_iterations"]
+__all__ = ["RunFailed", "restore_iteration", "run_iterations"]

@@ -1,0 +1,87 @@
+"""Records of a ``--mode async`` run -> what the training loop waited, how long until a
+checkpoint was durable, and how much the persist slowed training.
+
+Per checkpoint the job waits for its slowest process (the loop resumes behind a barrier),
+so the blocking, snapshot and persist figures are the maximum over processes, then the
+median and p99 over checkpoints. Interference = mean step time during persists (steps
+whose midpoint falls between the loop resuming and the manifest's commit) over the
+baseline loop's mean step time, minus one. The physical limit of a snapshot is the
+state's bytes over one plain copy of them into staging, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+SUMMARY = "async_summary"
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "p99": None, "max": None}
+    return {"median": statistics.median(values), "p99": float(np.percentile(values, 99)),
+            "max": max(values)}
+
+
+def _steps_mean(groups: list[dict[str, float]]) -> tuple[float | None, int]:
+    count = sum(int(g["count"]) for g in groups)
+    if not count:
+        return None, 0
+    return sum(g["count"] * g["mean_s"] for g in groups) / count, count
+
+
+def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's ``async_summary`` record (a list of one), or [] for a sync run."""
+    records = list(records)
+    loops = [r for r in records if r.get("type") == "loop"]
+    if not loops:
+        return []
+    run = next((r for r in records if r.get("type") == "run"), {})
+    checkpoints = [r for r in records if r.get("type") == "checkpoint"]
+    iterations = sorted({c["iteration"] for c in checkpoints if c["ok"]})
+    per_it = {it: [c for c in checkpoints if c["iteration"] == it] for it in iterations}
+
+    def worst(key: str) -> list[float]:
+        return [max(c[key] for c in cs) for cs in per_it.values()
+                if all(c[key] is not None for c in cs)]
+
+    blocking = worst("blocking_s")
+    waits = worst("wait_s")
+    unwaited = [max(c["blocking_s"] - c["wait_s"] for c in cs) for cs in per_it.values()]
+    baseline = [s for r in records if r.get("type") == "steps" and r["loop"] == "baseline"
+                for s in r["seconds"]]
+    base_mean = statistics.fmean(baseline) if baseline else None
+    during, n_during = _steps_mean([c["steps"]["during"] for cs in per_it.values() for c in cs])
+    limit = max(r["bytes"] / r["copy_bytes_per_s"] for r in loops)
+    median_unwaited = statistics.median(unwaited) if unwaited else None
+    return [{
+        "type": SUMMARY,
+        "checkpoints": len(iterations),
+        "failed": len({c["iteration"] for c in checkpoints if not c["ok"]}),
+        "processes": len(loops),
+        "device": loops[0]["device"],
+        "snapshot": loops[0]["snapshot"],
+        "kernel": loops[0]["kernel"],
+        "bytes_per_process": max(r["bytes"] for r in loops),
+        "staging_bytes": max(r["staging_bytes"] for r in loops),
+        "step_seconds": loops[0]["step_seconds"],
+        "steps_per_checkpoint": run.get("options", {}).get("loop", {}).get("steps_per_checkpoint"),
+        "baseline_step_s": base_mean,
+        "during_step_s": during,
+        "steps_during_persist": n_during,
+        "interference": (during / base_mean - 1.0) if during and base_mean else None,
+        "blocking_s": _spread(blocking),
+        "blocking_without_wait_s": _spread(unwaited),
+        "waited_checkpoints": sum(1 for w in waits if w > 0),
+        "wait_s": _spread(waits),
+        "snapshot_s": _spread(worst("snapshot_s")),
+        "copy_bytes_per_s": statistics.median(r["copy_bytes_per_s"] for r in loops),
+        "limit_s": limit,
+        "blocking_over_limit": median_unwaited / limit if median_unwaited and limit else None,
+        "persist_s": _spread(worst("persist_s")),
+        "durable_after_s": _spread(worst("durable_after_s")),
+    }]

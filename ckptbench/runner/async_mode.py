@@ -1,0 +1,375 @@
+"""``--mode async``: checkpoints taken from a synthetic training loop, measured.
+
+Every process holds its plan ranks' state in "device" memory (runner.staging) and runs a
+training loop whose step does real work for ``--step-seconds`` (runner.training); every
+``--steps-per-checkpoint`` steps it checkpoints:
+
+blocking  wait until the previous checkpoint is durable (one persist in flight), then
+          copy the state into staging memory, then wait for every process's copy: the
+          loop stands still for all of it (the wait is recorded apart)
+persist   background threads write the snapshot through the format and the backend
+          (the format's payload source is the snapshot), durably, as a sync save does;
+          once every process is done, process 0 commits the manifest atomically in a
+          background thread of its own (driver's commit: the same manifest and records)
+
+Only the loop's thread talks to the other processes (under MPI it is the only one
+allowed to): the loop's per-layer collective carries each process's finished persist
+to process 0 and the commit's outcome back. A failed persist leaves no manifest and
+stops the loop with one line on every process; the checkpoints before it stay durable.
+
+The same loop runs first without checkpoints for the same number of steps (the
+baseline), so the interference is measured side by side. After the loop every
+checkpoint is evicted, restored and verified as in sync mode (driver's restore).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckptbench.backends import Backend
+from ckptbench.errors import RunFailed, SpecError, VerificationError, describe_error
+from ckptbench.formats import open_format
+from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, file_jobs, first_error, now
+from ckptbench.plan import Plan
+from ckptbench.records import (
+    CheckpointRecord,
+    LoopRecord,
+    Record,
+    RecordSink,
+    SavePhaseRecord,
+    StepsRecord,
+)
+from ckptbench.runner.comm import Comm
+from ckptbench.runner.options import RunOptions
+from ckptbench.runner.staging import FullSnapshot, PiecewiseSnapshot, open_state
+from ckptbench.runner.training import Kernel, Schedule, open_kernel, schedule, unit_seconds
+
+if TYPE_CHECKING:
+    from ckptbench.formats.base import Format
+    from ckptbench.runner.driver import PhaseReport
+
+POLL_S = 0.005  # between the collectives of a loop waiting for a persist
+
+
+def check_async(plan: Plan, options: RunOptions) -> None:
+    """Refuse, in one line before anything runs, what --mode async cannot do."""
+    if options.mode != "async":
+        return
+    if options.format != "raw":
+        raise SpecError(f"--mode async persists with --format raw (not {options.format}); "
+                        "allowed: --format raw")
+    if plan.workload.checkpoint.files == "shared":
+        raise SpecError("--mode async: [checkpoint] files = 'shared' needs the file created "
+                        "before every rank writes, a collective the background persist cannot "
+                        "make; allowed: dcp, per-chunk, per-rank, megatron")
+    staging = options.loop.staging_bytes
+    if 0 < staging < options.block_size:
+        raise SpecError(f"--staging-memory {staging} B holds no block of --block-size "
+                        f"{options.block_size} B; allowed: as much as the state, or at least "
+                        "one block")
+
+
+@dataclass(frozen=True)
+class DriverPhases:
+    """What the loop takes from the sync driver (which passes them in when it picks the
+    mode), so a checkpoint is reported, committed and restored exactly as in sync mode."""
+
+    report: Callable[..., PhaseReport]  # (results, jobs, comm, error, backend stats)
+    commit: Callable[..., dict[str, Any]]  # (plan, backend, ckpt, manifest key, it, options,
+    #                                         reports, sink) -> {"ok", "kind", "message"}
+    restore: Callable[[Format, int], None]  # collective: evict, restore, verify iteration
+
+
+class _Alone:
+    """The format's group in a background thread: no collectives there."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.rank, self.size, self._host = comm.rank, comm.size, comm.host()
+
+    def barrier(self) -> None:
+        return None
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        raise RuntimeError("a background persist makes no collectives")
+
+    def bcast(self, obj: Any) -> Any:
+        raise RuntimeError("a background persist makes no collectives")
+
+    def host(self) -> str:
+        return self._host
+
+
+class _Collect:
+    """A sink keeping the commit's records for the loop's thread to forward."""
+
+    def __init__(self) -> None:
+        self.records: list[Record | dict[str, Any]] = []
+
+    def write(self, record: Record | dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None:
+        self.records.extend(records)
+
+    def flush(self) -> None:
+        return None
+
+
+@dataclass
+class _Commit:
+    thread: threading.Thread | None = None
+    sink: _Collect = field(default_factory=_Collect)
+    decision: dict[str, Any] | None = None  # set last, when the commit is over
+
+
+def _check_snapshot(results: list[ThreadResult], jobs: list[FileJob],
+                    expected: dict[int, list[int]]) -> VerificationError | None:
+    """The bytes persisted (their digests, taken as they were written) against the state
+    the loop held: a torn or misplaced snapshot fails the checkpoint."""
+    got = {f: d for r in results for f, d in r.digests.items()}
+    for job in jobs:
+        have = got.get(job.index, [])
+        for k, (region, want) in enumerate(zip(job.regions, expected[job.index], strict=True)):
+            if k >= len(have) or have[k] != want:
+                return VerificationError(f"chunk {region.key} in {job.key}: the persisted "
+                                         "snapshot differs from the training state")
+    return None
+
+
+def _mean(values: list[float]) -> dict[str, float]:
+    return {"count": len(values), "mean_s": statistics.fmean(values) if values else 0.0}
+
+
+def classify_steps(starts: list[int], seconds: list[float], windows: list[tuple[int, int, int]]
+                   ) -> list[dict[str, dict[str, float]]]:
+    """Per checkpoint (blocking start, blocking end, durable; ns): the steps before its
+    blocking (since the previous checkpoint was durable), during its persist (blocking
+    end to durable) and after it (until the next checkpoint), by each step's midpoint."""
+    mids = [(s + sec * 5e8, sec) for s, sec in zip(starts, seconds, strict=True)]
+    out = []
+    for k, (b0, b1, durable) in enumerate(windows):
+        prev = windows[k - 1][2] if k else -1
+        nxt = windows[k + 1][0] if k + 1 < len(windows) else float("inf")
+        out.append({
+            "before": _mean([s for m, s in mids if prev < m < b0]),
+            "during": _mean([s for m, s in mids if b1 < m < durable]),
+            "after": _mean([s for m, s in mids if durable < m < nxt]),
+        })
+    return out
+
+
+class AsyncLoop:
+    """One process's share of an async run (every process runs it collectively)."""
+
+    def __init__(self, plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
+                 options: RunOptions, sink: RecordSink | None,
+                 progress: Callable[[int], None] | None, phases: DriverPhases) -> None:
+        check_async(plan, options)
+        self.plan, self.my_ranks, self.backend, self.comm = plan, my_ranks, backend, comm
+        self.o, self.sink, self.phases = options, sink, phases
+        self.root = comm.rank == 0
+        self.offset = comm.clock_offset_ns()
+        fmt = open_format(options.format, plan, my_ranks, backend, _Alone(comm),
+                          options.format_options(), progress)
+        assert isinstance(fmt, FormatBase)  # its payload source is replaced by snapshots
+        self.fmt = fmt
+        self.restore_fmt = open_format(options.format, plan, my_ranks, backend, comm,
+                                       options.format_options(), progress)
+        self.lock = threading.Lock()
+        self.outbox: list[tuple[int, PhaseReport]] = []  # persists done, not yet sent
+        self.final: dict[int, dict[str, Any]] = {}  # iteration -> commit outcome
+        self.pending: dict[int, list[PhaseReport | None]] = {}  # process 0: reports so far
+        self.commits: dict[int, _Commit] = {}  # process 0: commits running
+        self.timings: list[dict[str, Any]] = []  # this process's checkpoints
+
+    def _ckpt(self, it: int) -> str:
+        return f"{self.o.run_id}/{self.plan.checkpoint_name(it)}"
+
+    def _jobs(self, it: int) -> list[FileJob]:
+        return file_jobs(self.plan, self.my_ranks, self._ckpt(it), it, self.o.seed)
+
+    # --- the loop ---
+    def run(self) -> None:
+        lo = self.o.loop
+        jobs = self._jobs(1)
+        self.state = open_state(lo.device, jobs, self.comm.rank)
+        staging = self.state.nbytes if lo.staging_bytes == 0 else min(lo.staging_bytes,
+                                                                       self.state.nbytes)
+        self.state.allocate_staging(staging)
+        self.full = staging >= self.state.nbytes
+        self.expected = self.state.load(jobs, self.fmt.gen)
+        copy_bw = self.state.copy_bandwidth(staging)
+        kernel = open_kernel(lo.kernel, self.state.kind, getattr(self.state, "device", None))
+        self.comm.barrier()  # every process calibrates at once, as they will step
+        sched = schedule(self._agree(unit_seconds(kernel)), lo.step_seconds)
+        total = (self.o.iterations + 1) * lo.steps_per_checkpoint
+        self._step(kernel, sched)  # warm-up, not recorded
+        self.comm.barrier()
+        baseline = self._loop(kernel, sched, total, checkpoints=False)
+        self.comm.barrier()
+        steps = self._loop(kernel, sched, total, checkpoints=True)
+        while len(self.final) < self.o.iterations:  # the last persist
+            time.sleep(POLL_S)
+            self._sync()
+        facts = LoopRecord(self.comm.rank, list(self.my_ranks), self.comm.host(), self.state.kind,
+                           self.state.payload_bytes, staging,
+                           "full" if self.full else "piecewise", copy_bw, kernel.name,
+                           sched.to_dict())
+        self._write_records(facts, baseline, steps)
+        for it in range(1, self.o.iterations + 1):
+            self.phases.restore(self.restore_fmt, it)
+            self.comm.barrier()
+            if self.root and not self.o.keep:
+                self.backend.remove_tree(self._ckpt(it))
+
+    def _agree(self, value: float) -> float:
+        """Collective: the median of every process's value."""
+        values = self.comm.gather(value)
+        return float(self.comm.bcast(statistics.median(values) if values else value))
+
+    def _step(self, kernel: Kernel, sched: Schedule) -> None:
+        for _ in range(sched.layers):
+            kernel.run(sched.units)
+            self._sync()
+
+    def _loop(self, kernel: Kernel, sched: Schedule, total: int, checkpoints: bool
+              ) -> tuple[list[int], list[float]]:
+        spc = self.o.loop.steps_per_checkpoint
+        starts: list[int] = []
+        seconds: list[float] = []
+        for s in range(1, total + 1):
+            t0 = now()
+            self._step(kernel, sched)
+            starts.append(t0 + self.offset)
+            seconds.append((now() - t0) / 1e9)
+            if checkpoints and s % spc == 0 and s // spc <= self.o.iterations:
+                self._checkpoint(s // spc)
+        return starts, seconds
+
+    def _checkpoint(self, it: int) -> None:
+        t0 = now()
+        waited = it > 1 and it - 1 not in self.final
+        while it > 1 and it - 1 not in self.final:  # one persist in flight: blocking too
+            time.sleep(POLL_S)
+            self._sync()
+        t1 = now()
+        jobs = self._jobs(it)
+        if it > 1:  # training changed the state: the checkpoint's own bytes (off the clock)
+            self.expected = self.state.load(jobs, self.fmt.gen)
+        self.comm.barrier()
+        t2 = now()
+        snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
+        self.fmt.source = snapshot
+        self._persist(it, jobs, snapshot)  # it reads each piece once it is copied
+        snapshot.take()
+        t3 = now()
+        self.comm.barrier()  # the loop resumes once every process has its snapshot
+        t4 = now()
+        self.timings.append({
+            "iteration": it, "start_ns": t0 + self.offset,
+            "wait_s": (t1 - t0) / 1e9 if waited else 0.0,
+            "refresh_s": (t2 - t1) / 1e9, "snapshot_s": (t3 - t2) / 1e9,
+            "blocking_s": (t1 - t0 + t4 - t2) / 1e9, "snapshot_ns": t2 + self.offset,
+            "resume_ns": t4 + self.offset})
+
+    def _persist(self, it: int, jobs: list[FileJob],
+                 snapshot: FullSnapshot | PiecewiseSnapshot) -> None:
+        expected = self.expected
+
+        def work() -> None:
+            results: list[ThreadResult] = []
+            try:
+                results = self.fmt.save(jobs)
+                err = first_error(results) or _check_snapshot(results, jobs, expected)
+            except BaseException as exc:  # noqa: BLE001 - reported with the checkpoint
+                err = exc
+            finally:
+                snapshot.stop()  # wake the loop if it still waits for staging
+            report = self.phases.report(results, jobs, self.comm, err, self.backend.stats())
+            with self.lock:
+                self.outbox.append((it, report))
+
+        threading.Thread(target=work, name=f"persist-{it}", daemon=True).start()
+
+    # --- the collective that carries persists to process 0 and commits back ---
+    def _sync(self) -> None:
+        with self.lock:
+            mine, self.outbox = self.outbox, []
+        gathered = self.comm.gather(mine)
+        news: dict[int, dict[str, Any]] = {}
+        if self.root:
+            assert gathered is not None
+            news = self._coordinate(gathered)
+        news = self.comm.bcast(news)
+        for it, decision in sorted(news.items()):
+            self.final[it] = decision
+            if not decision["ok"]:
+                last = f"checkpoint {it - 1} is the last durable one" if it > 1 else \
+                    "no checkpoint is durable"
+                raise RunFailed(f"checkpoint {it}: the background persist failed: "
+                                f"{decision['message']} (no manifest written; {last})",
+                                decision["kind"])
+
+    def _coordinate(self, gathered: list[list[tuple[int, PhaseReport]]]
+                    ) -> dict[int, dict[str, Any]]:
+        for proc, items in enumerate(gathered):
+            for it, report in items:
+                self.pending.setdefault(it, [None] * self.comm.size)[proc] = report
+        for it in [i for i, reps in self.pending.items() if all(r is not None for r in reps)]:
+            self.commits[it] = self._commit(it, self.pending.pop(it))
+        news = {}
+        for it in [i for i, c in self.commits.items() if c.decision is not None]:
+            done = self.commits.pop(it)
+            if self.sink is not None:
+                self.sink.write_all(done.sink.records)
+            assert done.decision is not None
+            news[it] = done.decision
+        return news
+
+    def _commit(self, it: int, reports: list[Any]) -> _Commit:
+        ckpt = self._ckpt(it)
+        c = _Commit()
+
+        def work() -> None:
+            try:
+                decision = self.phases.commit(self.plan, self.backend, ckpt,
+                                              f"{ckpt}/{self.plan.manifest}", it, self.o,
+                                              reports, c.sink)
+            except BaseException as exc:  # noqa: BLE001 - e.g. the target gone while removing
+                kind, message = describe_error(exc)
+                decision = {"ok": False, "kind": kind, "message": message}
+            span = next((r.commit_ns for r in c.sink.records
+                         if isinstance(r, SavePhaseRecord)), None)
+            c.decision = {**decision, "durable_ns": span[1] if span else None}
+
+        c.thread = threading.Thread(target=work, name=f"commit-{it}", daemon=True)
+        c.thread.start()
+        return c
+
+    # --- records (process 0, after the loop) ---
+    def _write_records(self, facts: LoopRecord, baseline: tuple[list[int], list[float]],
+                       steps: tuple[list[int], list[float]]) -> None:
+        gathered = self.comm.gather((facts, baseline, steps, self.timings))
+        if not self.root or self.sink is None:
+            return
+        assert gathered is not None
+        records: list[Record] = []
+        for proc, (fact, base, loop, timings) in enumerate(gathered):
+            records += [fact, StepsRecord("baseline", proc, *base), StepsRecord("async", proc, *loop)]
+            durable = [self.final[t["iteration"]].get("durable_ns") for t in timings]
+            windows = [(t["start_ns"], t["resume_ns"], d if d is not None else t["resume_ns"])
+                       for t, d in zip(timings, durable, strict=True)]
+            phases = classify_steps(loop[0], loop[1], windows)
+            for t, d, around in zip(timings, durable, phases, strict=True):
+                ok = bool(self.final[t["iteration"]]["ok"])
+                records.append(CheckpointRecord(
+                    t["iteration"], proc, fact.ranks, ok, fact.bytes, t["start_ns"], t["wait_s"],
+                    t["refresh_s"], t["snapshot_s"], t["blocking_s"],
+                    (d - t["snapshot_ns"]) / 1e9 if d is not None else None,
+                    (d - t["resume_ns"]) / 1e9 if d is not None else None, d, around))
+        self.sink.write_all(records)
