@@ -259,6 +259,7 @@ class CheckpointRecord:
     start_ns: int  # the checkpoint was due
     wait_s: float
     refresh_s: float  # off the clock: the state made the checkpoint's payload
+    limit_s: float  # off the clock, just before: one plain copy of the state into staging
     snapshot_s: float
     blocking_s: float
     persist_s: float | None
@@ -270,7 +271,7 @@ class CheckpointRecord:
         return {"type": "checkpoint", "iteration": self.iteration, "process": self.process,
                 "ranks": self.ranks, "ok": self.ok, "bytes": self.bytes,
                 "start_ns": self.start_ns, "wait_s": self.wait_s, "refresh_s": self.refresh_s,
-                "snapshot_s": self.snapshot_s, "blocking_s": self.blocking_s,
+                "limit_s": self.limit_s, "snapshot_s": self.snapshot_s, "blocking_s": self.blocking_s,
                 "persist_s": self.persist_s, "durable_after_s": self.durable_after_s,
                 "durable_ns": self.durable_ns, "steps": self.steps}
 

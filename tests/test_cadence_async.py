@@ -4,10 +4,9 @@ goodput (against a simulation), and `cadence --results` of a --mode async run.""
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
+from test_cadence import simulate
 
 import ckptbench.cli as cli_module
 from ckptbench import cadence
@@ -15,34 +14,6 @@ from ckptbench.cadence import CheckpointCost
 from ckptbench.cli.cadence_cmd import cadence_command
 
 MIN, HOUR = 60.0, 3600.0
-
-
-def simulate(tau: float, save: float, restore: float, mtbf: float, persist: float,
-             slowdown: float, failures: int = 4000, seed: int = 0) -> float:
-    """Goodput of a job through exponential failures whose steps run `slowdown` slower
-    while a persist is in flight: the first `persist` wall seconds after each blocking
-    save, when the checkpoint becomes durable (a failure before falls back one more)."""
-    rng = np.random.default_rng(seed)
-    extra = persist * slowdown / (1 + slowdown)  # wall time the slowed steps add
-    segments = max(50, math.ceil(failures * mtbf / (tau + save + extra)))
-    wall, position, durable, pending_until = 0.0, 0, 0, None
-    while position < segments:
-        period = tau + save + (extra if pending_until is not None else 0.0)
-        strike = rng.exponential(mtbf)
-        if pending_until is not None and min(strike, period) >= pending_until:
-            durable, pending_until = position, None
-        if strike >= period:
-            wall += period
-            position += 1
-            pending_until = persist
-            continue
-        wall += strike
-        pending_until = None  # restarted: no persist in flight
-        while (again := rng.exponential(mtbf)) < restore:
-            wall += again
-        wall += restore
-        position = durable
-    return segments * tau / wall
 
 
 @pytest.mark.parametrize(("tau", "save", "restore", "mtbf", "persist", "slowdown"), [
@@ -55,8 +26,8 @@ def test_interference_charge_against_monte_carlo(tau, save, restore, mtbf, persi
     # period, also the first after a restart (no persist in flight then), so it errs low.
     cost = CheckpointCost(save, restore, persist, slowdown)
     point = cadence.operating_point("t", tau, cost, mtbf)
-    assert point.goodput == pytest.approx(simulate(tau, save, restore, mtbf, persist, slowdown),
-                                          rel=0.03)
+    simulated, _ = simulate(tau, save, restore, mtbf, persist, slowdown=slowdown)
+    assert point.goodput == pytest.approx(simulated, rel=0.03)
 
 
 def test_interference_costs_goodput_and_lengthens_the_interval():
@@ -68,8 +39,8 @@ def test_interference_costs_goodput_and_lengthens_the_interval():
     assert b.exact.interval_s == pytest.approx(cadence.optimal_interval(121.0, 3 * HOUR))
     # The simulation tells the two apart by as much as the model does.
     tau = b.exact.interval_s
-    gap = simulate(tau, 1.0, 120.0, 3 * HOUR, 600.0, 0.0) - simulate(tau, 1.0, 120.0,
-                                                                       3 * HOUR, 600.0, 0.25)
+    gap = (simulate(tau, 1.0, 120.0, 3 * HOUR, 600.0)[0]
+           - simulate(tau, 1.0, 120.0, 3 * HOUR, 600.0, slowdown=0.25)[0])
     model = (cadence.operating_point("a", tau, base, 3 * HOUR).goodput
              - cadence.operating_point("b", tau, slowed, 3 * HOUR).goodput)
     assert gap == pytest.approx(model, rel=0.25) and gap > 0.005

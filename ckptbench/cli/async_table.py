@@ -77,19 +77,21 @@ def render_async(console: Console, loaded: list[dict[str, Any]]) -> None:
     table = Table(title="asynchronous checkpoints (s; per checkpoint the slowest process, "
                         "median/p99 over checkpoints)")
     for col in ("run", "ckpts", "blocking", "waited", "snapshot", "limit", "x limit",
-                "persist", "durable after", "step base/during", "interference"):
+                "persist", "durable after", "step calib/base/during", "interference"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for res, s in rows:
         name = res["run"].get("workload", {}).get("name", "?")
-        ratio = s["blocking_over_limit"]
+        ratio = s["blocking_over_limit"]["median"]
         inter = s["interference"]
         table.add_row(
             name, str(s["checkpoints"]),
             f"{_s(s['blocking_s']['median'])}/{_s(s['blocking_s']['p99'])}",
-            str(s["waited_checkpoints"]), _s(s["snapshot_s"]["median"]), _s(s["limit_s"]),
+            str(s["waited_checkpoints"]), _s(s["snapshot_s"]["median"]),
+            _s(s["limit_s"]["median"]),
             "-" if ratio is None else f"{ratio:.2f}",
             f"{_s(s['persist_s']['median'])}/{_s(s['persist_s']['p99'])}",
             _s(s["durable_after_s"]["median"]),
-            f"{_s(s['baseline_step_s'])}/{_s(s['during_step_s'])}",
+            f"{_s(s['calibrated_step_s'])}/{_s(s['baseline_step_s'])}/"
+            f"{_s(s['during_step_s'])}",
             "-" if inter is None else f"{100 * inter:+.1f} %")
     console.print(table)

@@ -24,6 +24,7 @@ checkpoint is evicted, restored and verified as in sync mode (driver's restore).
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import threading
 import time
@@ -67,6 +68,9 @@ def check_async(plan: Plan, options: RunOptions) -> None:
         raise SpecError("--mode async: [checkpoint] files = 'shared' needs the file created "
                         "before every rank writes, a collective the background persist cannot "
                         "make; allowed: dcp, per-chunk, per-rank, megatron")
+    if options.loop.device == "cuda" and importlib.util.find_spec("torch") is None:
+        raise SpecError("--state-device cuda needs torch with CUDA (pip install "
+                        "'ckptbench[torch]'); allowed here: auto, host")
     staging = options.loop.staging_bytes
     if 0 < staging < options.block_size:
         raise SpecError(f"--staging-memory {staging} B holds no block of --block-size "
@@ -261,6 +265,8 @@ class AsyncLoop:
         jobs = self._jobs(it)
         if it > 1:  # training changed the state: the checkpoint's own bytes (off the clock)
             self.expected = self.state.load(jobs, self.fmt.gen)
+        # The physical limit now, as busy as the machine is now: one plain copy.
+        limit = self.state.payload_bytes / self.state.copy_bandwidth(len(self.state.staging), 1)
         self.comm.barrier()
         t2 = now()
         snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
@@ -273,7 +279,7 @@ class AsyncLoop:
         self.timings.append({
             "iteration": it, "start_ns": t0 + self.offset,
             "wait_s": (t1 - t0) / 1e9 if waited else 0.0,
-            "refresh_s": (t2 - t1) / 1e9, "snapshot_s": (t3 - t2) / 1e9,
+            "refresh_s": (t2 - t1) / 1e9, "limit_s": limit, "snapshot_s": (t3 - t2) / 1e9,
             "blocking_s": (t1 - t0 + t4 - t2) / 1e9, "snapshot_ns": t2 + self.offset,
             "resume_ns": t4 + self.offset})
 
@@ -369,7 +375,7 @@ class AsyncLoop:
                 ok = bool(self.final[t["iteration"]]["ok"])
                 records.append(CheckpointRecord(
                     t["iteration"], proc, fact.ranks, ok, fact.bytes, t["start_ns"], t["wait_s"],
-                    t["refresh_s"], t["snapshot_s"], t["blocking_s"],
+                    t["refresh_s"], t["limit_s"], t["snapshot_s"], t["blocking_s"],
                     (d - t["snapshot_ns"]) / 1e9 if d is not None else None,
                     (d - t["resume_ns"]) / 1e9 if d is not None else None, d, around))
         self.sink.write_all(records)

@@ -4,6 +4,7 @@ checkpoint intact, and a checkpoint that waits for the persist before it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from ckptbench.records import JsonlSink
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import LoopOptions, RunOptions
+from ckptbench.runner.staging import cuda_available
 from ckptbench.spec import load_workload
 from ckptbench.testing import MinioServer
 from tests.faults import FullDiskBackend, SlowBackend
@@ -39,7 +41,8 @@ def of_type(recs: list[dict], kind: str) -> list[dict]:
     return [r for r in recs if r["type"] == kind]
 
 
-def assert_async_run(recs: list[dict], checkpoints: int, processes: int) -> dict:
+def assert_async_run(recs: list[dict], checkpoints: int, processes: int,
+                     device: str = "host") -> dict:
     """The records an async run must hold; returns its async summary."""
     loops = of_type(recs, "loop")
     assert sorted(r["process"] for r in loops) == list(range(processes))
@@ -68,7 +71,7 @@ def assert_async_run(recs: list[dict], checkpoints: int, processes: int) -> dict
     assert saved == {r: b * checkpoints for r, b in enumerate(PLAN.rank_bytes().tolist())}
     (summary,) = of_type(recs, "async_summary")
     assert summary["checkpoints"] == checkpoints and summary["failed"] == 0
-    assert summary["processes"] == processes and summary["device"] == "host"
+    assert summary["processes"] == processes and summary["device"] == device
     assert summary["blocking_s"]["median"] > 0 and summary["persist_s"]["median"] > 0
     assert summary["baseline_step_s"] > 0 and summary["interference"] is not None
     return summary
@@ -280,6 +283,10 @@ def test_loop_flags_need_async_mode_and_bad_values_are_one_line(tmp_path):
          "--staging-memory 1024 B holds no block of --block-size"),
         (["--mode", "async", "--mode", "later"], "'later' is not one of 'sync', 'async'"),
     ]
+    if not cuda_available():
+        needs = "needs torch with CUDA" if importlib.util.find_spec("torch") is None else \
+            "torch with CUDA is not available here"
+        cases.append((["--mode", "async", "--state-device", "cuda"], needs))
     for args, message in cases:
         r, _ = local(str(TINY), "--target", str(tmp_path / "t"), *args)
         assert r.returncode == 2, (args, r.stderr)
@@ -295,3 +302,15 @@ def test_run_failed_is_what_the_library_raises(tmp_path):
     with pytest.raises(RunFailed, match=r"checkpoint 2: the background persist failed: .*(?i:no "
                                         r"space left on)"):
         _in_process(tmp_path, backend, 3, step_seconds=0.01, steps_per_checkpoint=1)
+
+
+@pytest.mark.skipif(not cuda_available(), reason="needs torch with CUDA")
+def test_async_run_with_the_state_on_the_gpu(tmp_path):
+    """CUDA tensors, pinned staging, device-to-host snapshots, every byte verified."""
+    r, _ = local(str(TINY), "--target", str(tmp_path / "t"), "--results",
+                 str(tmp_path / "r.jsonl"), "--iterations", "2", "--state-device", "cuda",
+                 "--staging-memory", "2MiB", *LOOP)
+    assert r.returncode == 0, r.stderr
+    recs = records(tmp_path / "r.jsonl")
+    summary = assert_async_run(recs, checkpoints=2, processes=4, device="cuda")
+    assert summary["kernel"] == "matmul" and summary["copy_bytes_per_s"] > 0
