@@ -28,6 +28,47 @@ def _spread(values: list[float]) -> dict[str, float | None]:
             "max": max(values)}
 
 
+def _mean(values: list[float]) -> dict[str, float]:
+    return {"count": len(values), "mean_s": statistics.fmean(values) if values else 0.0}
+
+
+def classify_steps(starts: list[int], seconds: list[float], windows: list[tuple[int, int, int]]
+                   ) -> list[dict[str, dict[str, float]]]:
+    """Per checkpoint (due, loop resumed, durable; ns): the steps before it (since the
+    previous checkpoint was durable), during its persist (resumed to durable) and after
+    it (until the next checkpoint), by each step's midpoint."""
+    mids = [(s + sec * 5e8, sec) for s, sec in zip(starts, seconds, strict=True)]
+    out = []
+    for k, (due, resumed, durable) in enumerate(windows):
+        prev = windows[k - 1][2] if k else -1
+        nxt = windows[k + 1][0] if k + 1 < len(windows) else float("inf")
+        out.append({
+            "before": _mean([s for m, s in mids if prev < m < due]),
+            "during": _mean([s for m, s in mids if resumed < m < durable]),
+            "after": _mean([s for m, s in mids if durable < m < nxt]),
+        })
+    return out
+
+
+def per_checkpoint(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each checkpoint on each process: its times and the mean step before, during and
+    after its persist (from that process's steps of the checkpointing loop)."""
+    steps = {r["process"]: r for r in records
+             if r.get("type") == "steps" and r["loop"] == "async"}
+    out = []
+    for proc in sorted(steps):
+        cks = sorted((r for r in records if r.get("type") == "checkpoint"
+                      and r["process"] == proc), key=lambda r: r["iteration"])
+        windows = [(c["start_ns"], c["resume_ns"],
+                    c["durable_ns"] if c["durable_ns"] is not None else c["resume_ns"])
+                   for c in cks]
+        around = classify_steps(steps[proc]["start_ns"], steps[proc]["seconds"], windows)
+        out += [{**{k: c[k] for k in ("iteration", "process", "ok", "wait_s", "snapshot_s",
+                                      "limit_s", "blocking_s", "persist_s", "durable_after_s")},
+                 "steps": a} for c, a in zip(cks, around, strict=True)]
+    return out
+
+
 def _steps_mean(groups: list[dict[str, float]]) -> tuple[float | None, int]:
     count = sum(int(g["count"]) for g in groups)
     if not count:
@@ -56,7 +97,8 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     baseline = [s for r in records if r.get("type") == "steps" and r["loop"] == "baseline"
                 for s in r["seconds"]]
     base_mean = statistics.fmean(baseline) if baseline else None
-    during, n_during = _steps_mean([c["steps"]["during"] for cs in per_it.values() for c in cs])
+    detail = per_checkpoint(records)
+    during, n_during = _steps_mean([c["steps"]["during"] for c in detail if c["ok"]])
     limits = worst("limit_s")
     calibrated = statistics.median(r["calibrated_step_s"] for r in loops)
     # Each checkpoint against the plain copy timed just before it (the machine's load
@@ -91,4 +133,5 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         "blocking_over_limit": _spread(over),
         "persist_s": _spread(worst("persist_s")),
         "durable_after_s": _spread(worst("durable_after_s")),
+        "per_checkpoint": detail,
     }]

@@ -15,8 +15,9 @@ Record types (``type``):
 * ``--mode async`` adds ``loop`` (a process's training loop: state, staging, copy
   bandwidth, calibrated step), ``steps`` (each step's start and length, for the baseline
   loop and the checkpointing one) and ``checkpoint`` (per checkpoint and process: the
-  blocking and persist times, the steps before, during and after the persist); the
-  report step adds ``async_summary``.
+  blocking and persist times, when the loop resumed and when the checkpoint was
+  durable); the report step adds ``async_summary`` (with the steps before, during and
+  after each persist).
 
 Clocks are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC): comparable between processes of
 one host. Records never carry credentials: every record passes through
@@ -262,18 +263,19 @@ class CheckpointRecord:
     limit_s: float  # off the clock, just before: one plain copy of the state into staging
     snapshot_s: float
     blocking_s: float
+    resume_ns: int  # the loop resumed
     persist_s: float | None
     durable_after_s: float | None
     durable_ns: int | None  # the manifest's commit ended
-    steps: dict[str, dict[str, float]]  # before/during/after the persist: count, mean_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "checkpoint", "iteration": self.iteration, "process": self.process,
                 "ranks": self.ranks, "ok": self.ok, "bytes": self.bytes,
                 "start_ns": self.start_ns, "wait_s": self.wait_s, "refresh_s": self.refresh_s,
-                "limit_s": self.limit_s, "snapshot_s": self.snapshot_s, "blocking_s": self.blocking_s,
+                "limit_s": self.limit_s, "snapshot_s": self.snapshot_s,
+                "blocking_s": self.blocking_s, "resume_ns": self.resume_ns,
                 "persist_s": self.persist_s, "durable_after_s": self.durable_after_s,
-                "durable_ns": self.durable_ns, "steps": self.steps}
+                "durable_ns": self.durable_ns}
 
 
 Record = (OpRecord | RankRecord | SavePhaseRecord | RestorePhaseRecord | ErrorRecord | ClockRecord

@@ -159,20 +159,8 @@ def cadence_command(results: Path | None, workload_path: str | None,
         raise SpecError(f"{missing} is required (or --results with measurements)")
     if restart_overhead:
         restore_s += parse_duration(restart_overhead, "--restart-overhead", "s")
-    persist_s = 0.0
-    measured = cadence.async_measurement(results) if results is not None else None
-    slowdown = _ratio(interference, "--interference") if interference else None
-    if blocking_seconds:
-        blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
-        if blocking > save_s:
-            raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
-        save_s, persist_s = blocking, save_s - blocking
-    elif measured is not None and gpus and checkpoint_bytes:
-        # An async run: the save above is the persist; the job blocks for its snapshot.
-        blocking = min(save_s, measured.blocking_for(checkpoint_bytes / gpus))
-        save_s, persist_s = blocking, save_s - blocking
-    if slowdown is None:
-        slowdown = max(0.0, measured.interference) if measured is not None else 0.0
+    save_s, persist_s, slowdown, measured = _asynchronous(
+        save_s, results, blocking_seconds, interference, checkpoint_bytes, gpus)
     cost = cadence.CheckpointCost(save_s, restore_s, persist_s, slowdown)
 
     model = cadence.failure_model(
@@ -227,6 +215,29 @@ def cadence_command(results: Path | None, workload_path: str | None,
                  measured, gpus)
 
 
+def _asynchronous(save_s: float, results: Path | None, blocking_seconds: str | None,
+                  interference: str | None, checkpoint_bytes: float | None, gpus: int | None
+                  ) -> tuple[float, float, float, cadence.AsyncMeasurement | None]:
+    """(blocking C, persist L, interference, the async run's measurement): given with
+    --blocking-seconds and --interference, or measured by a --mode async run, whose save
+    time is the persist and whose blocking time scales with the job's bytes per GPU."""
+    measured = cadence.async_measurement(results) if results is not None else None
+    persist_s = 0.0
+    if blocking_seconds:
+        blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
+        if blocking > save_s:
+            raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
+        save_s, persist_s = blocking, save_s - blocking
+    elif measured is not None and gpus and checkpoint_bytes:
+        blocking = min(save_s, measured.blocking_for(checkpoint_bytes / gpus))
+        save_s, persist_s = blocking, save_s - blocking
+    if interference:
+        slowdown = _ratio(interference, "--interference")
+    else:
+        slowdown = max(0.0, measured.interference) if measured is not None else 0.0
+    return save_s, persist_s, slowdown, measured
+
+
 def _ratio(text: str, option: str) -> float:
     """A slowdown >= 0 from '0.12' or '12%'."""
     body = text.strip()
@@ -237,6 +248,22 @@ def _ratio(text: str, option: str) -> float:
     if not (value >= 0 and math.isfinite(value)):
         raise SpecError(f"{option} {text!r} must be >= 0, e.g. 0.1 or 10%")
     return value
+
+
+def _async_note(cost: cadence.CheckpointCost, measured: cadence.AsyncMeasurement | None,
+                gpus: int | None, checkpoint_bytes: float | None) -> str:
+    """The interference charged, and where an async run's figures come from."""
+    text = ""
+    if cost.interference:
+        text += (f"; training {100 * cost.interference:.3g} % slower while persisting: charged"
+                 f" {cost.effective_save_s - cost.save_s:.3g} s per checkpoint")
+    if measured is not None and gpus and checkpoint_bytes:
+        text += (f"\nasynchronous run {measured.source}: blocking {measured.blocking_s:.3g} s"
+                 f" for {measured.bytes_per_process / 1e9:.3g} GB of state per process, scaled"
+                 f" to {checkpoint_bytes / gpus / 1e9:.3g} GB per GPU; its save time is the"
+                 f" persist (the interval's floor); interference"
+                 f" {100 * measured.interference:+.3g} % measured")
+    return text
 
 
 def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
@@ -258,17 +285,8 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
     if cost.persist_s:
         line += f", persist {cost.persist_s:.3g} s (asynchronous)"
-    if cost.interference:
-        line += (f"; training {100 * cost.interference:.3g} % slower while persisting: charged"
-                 f" {cost.effective_save_s - cost.save_s:.3g} s per checkpoint")
-    console.print(line, soft_wrap=True)
-    if measured is not None and gpus and checkpoint_bytes:
-        console.print(
-            f"asynchronous run {measured.source}: blocking {measured.blocking_s:.3g} s for"
-            f" {measured.bytes_per_process / 1e9:.3g} GB of state per process, scaled to"
-            f" {checkpoint_bytes / gpus / 1e9:.3g} GB per GPU; its save time is the persist"
-            f" (the interval's floor); interference {100 * measured.interference:+.3g} %"
-            " measured", soft_wrap=True, markup=False)
+    console.print(line + _async_note(cost, measured, gpus, checkpoint_bytes), soft_wrap=True,
+                  markup=False)
     if scaled is not None:
         console.print(f"bandwidth assumption: {scaled.assumption}")
     if checkpoint_bytes:

@@ -145,28 +145,6 @@ def _check_snapshot(results: list[ThreadResult], jobs: list[FileJob],
     return None
 
 
-def _mean(values: list[float]) -> dict[str, float]:
-    return {"count": len(values), "mean_s": statistics.fmean(values) if values else 0.0}
-
-
-def classify_steps(starts: list[int], seconds: list[float], windows: list[tuple[int, int, int]]
-                   ) -> list[dict[str, dict[str, float]]]:
-    """Per checkpoint (blocking start, blocking end, durable; ns): the steps before its
-    blocking (since the previous checkpoint was durable), during its persist (blocking
-    end to durable) and after it (until the next checkpoint), by each step's midpoint."""
-    mids = [(s + sec * 5e8, sec) for s, sec in zip(starts, seconds, strict=True)]
-    out = []
-    for k, (b0, b1, durable) in enumerate(windows):
-        prev = windows[k - 1][2] if k else -1
-        nxt = windows[k + 1][0] if k + 1 < len(windows) else float("inf")
-        out.append({
-            "before": _mean([s for m, s in mids if prev < m < b0]),
-            "during": _mean([s for m, s in mids if b1 < m < durable]),
-            "after": _mean([s for m, s in mids if durable < m < nxt]),
-        })
-    return out
-
-
 class AsyncLoop:
     """One process's share of an async run (every process runs it collectively)."""
 
@@ -266,7 +244,8 @@ class AsyncLoop:
         if it > 1:  # training changed the state: the checkpoint's own bytes (off the clock)
             self.expected = self.state.load(jobs, self.fmt.gen)
         # The physical limit now, as busy as the machine is now: one plain copy.
-        limit = self.state.payload_bytes / self.state.copy_bandwidth(len(self.state.staging), 1)
+        bandwidth = self.state.copy_bandwidth(len(self.state.staging), 1)
+        limit = self.state.payload_bytes / bandwidth if bandwidth else 0.0
         self.comm.barrier()
         t2 = now()
         snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
@@ -292,7 +271,7 @@ class AsyncLoop:
             try:
                 results = self.fmt.save(jobs)
                 err = first_error(results) or _check_snapshot(results, jobs, expected)
-            except BaseException as exc:  # noqa: BLE001 - reported with the checkpoint
+            except BaseException as exc:  # reported with the checkpoint
                 err = exc
             finally:
                 snapshot.stop()  # wake the loop if it still waits for staging
@@ -346,7 +325,7 @@ class AsyncLoop:
                 decision = self.phases.commit(self.plan, self.backend, ckpt,
                                               f"{ckpt}/{self.plan.manifest}", it, self.o,
                                               reports, c.sink)
-            except BaseException as exc:  # noqa: BLE001 - e.g. the target gone while removing
+            except BaseException as exc:  # e.g. the target gone while removing the rest
                 kind, message = describe_error(exc)
                 decision = {"ok": False, "kind": kind, "message": message}
             span = next((r.commit_ns for r in c.sink.records
@@ -367,15 +346,13 @@ class AsyncLoop:
         records: list[Record] = []
         for proc, (fact, base, loop, timings) in enumerate(gathered):
             records += [fact, StepsRecord("baseline", proc, *base), StepsRecord("async", proc, *loop)]
-            durable = [self.final[t["iteration"]].get("durable_ns") for t in timings]
-            windows = [(t["start_ns"], t["resume_ns"], d if d is not None else t["resume_ns"])
-                       for t, d in zip(timings, durable, strict=True)]
-            phases = classify_steps(loop[0], loop[1], windows)
-            for t, d, around in zip(timings, durable, phases, strict=True):
-                ok = bool(self.final[t["iteration"]]["ok"])
+            for t in timings:
+                final = self.final[t["iteration"]]
+                d = final.get("durable_ns")
                 records.append(CheckpointRecord(
-                    t["iteration"], proc, fact.ranks, ok, fact.bytes, t["start_ns"], t["wait_s"],
-                    t["refresh_s"], t["limit_s"], t["snapshot_s"], t["blocking_s"],
+                    t["iteration"], proc, fact.ranks, bool(final["ok"]), fact.bytes,
+                    t["start_ns"], t["wait_s"], t["refresh_s"], t["limit_s"], t["snapshot_s"],
+                    t["blocking_s"], t["resume_ns"],
                     (d - t["snapshot_ns"]) / 1e9 if d is not None else None,
-                    (d - t["resume_ns"]) / 1e9 if d is not None else None, d, around))
+                    (d - t["resume_ns"]) / 1e9 if d is not None else None, d))
         self.sink.write_all(records)

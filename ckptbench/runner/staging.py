@@ -92,6 +92,8 @@ class DeviceState(ABC):
         """Bytes/s of one copy of `nbytes` of the state into staging, the best of a few:
         the physical limit a snapshot is measured against."""
         nbytes = min(nbytes, self.nbytes, len(self.staging))
+        if nbytes <= 0:
+            return 0.0  # nothing to copy (a process without files)
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -56,9 +56,9 @@ def assert_async_run(recs: list[dict], checkpoints: int, processes: int,
     assert sorted((c["iteration"], c["process"]) for c in cks) == [
         (i, p) for i in range(1, checkpoints + 1) for p in range(processes)]
     for c in cks:
-        assert c["ok"] and c["blocking_s"] >= c["snapshot_s"] > 0
+        assert c["ok"] and c["blocking_s"] >= c["snapshot_s"] > 0 and c["limit_s"] > 0
         assert c["persist_s"] > c["durable_after_s"] >= 0
-        assert set(c["steps"]) == {"before", "during", "after"}
+        assert c["start_ns"] < c["resume_ns"] < c["durable_ns"]
     saves = [p for p in of_type(recs, "phase") if p["phase"] == "save"]
     restores = [p for p in of_type(recs, "phase") if p["phase"] == "restore"]
     assert [p["iteration"] for p in saves if p["ok"]] == list(range(1, checkpoints + 1))
@@ -74,6 +74,17 @@ def assert_async_run(recs: list[dict], checkpoints: int, processes: int,
     assert summary["processes"] == processes and summary["device"] == device
     assert summary["blocking_s"]["median"] > 0 and summary["persist_s"]["median"] > 0
     assert summary["baseline_step_s"] > 0 and summary["interference"] is not None
+    detail = summary["per_checkpoint"]
+    assert sorted((c["iteration"], c["process"]) for c in detail) == sorted(
+        (c["iteration"], c["process"]) for c in cks)
+    # Every step of the loop falls before the first checkpoint, or during or after one
+    # checkpoint's persist.
+    for p in range(processes):
+        mine = sorted((c for c in detail if c["process"] == p), key=lambda c: c["iteration"])
+        placed = mine[0]["steps"]["before"]["count"] + sum(
+            c["steps"]["during"]["count"] + c["steps"]["after"]["count"] for c in mine)
+        assert placed == total, mine
+    assert sum(c["steps"]["during"]["count"] for c in detail) == summary["steps_during_persist"]
     return summary
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from test_mpi import TINY, local, records
 
+from ckptbench.async_report import classify_steps
 from ckptbench.backends.local import LocalBackend
 from ckptbench.errors import RunFailed
 from ckptbench.formats.base import file_jobs
@@ -14,7 +15,6 @@ from ckptbench.payload import ChunkHasher, PayloadGenerator
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.runner import staging
-from ckptbench.runner.async_mode import classify_steps
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import LoopOptions, RunOptions
@@ -117,8 +117,8 @@ def test_a_torn_snapshot_fails_the_checkpoint(tmp_path, monkeypatch):
     backend.prepare()
     options = RunOptions(iterations=2, mode="async", run_id="run-t",
                          loop=LoopOptions(step_seconds=0.01, steps_per_checkpoint=1))
-    with pytest.raises(RunFailed, match="checkpoint 1: .*the persisted snapshot differs from "
-                                        "the training state"):
+    with pytest.raises(RunFailed, match=r"checkpoint 1: .*the persisted snapshot differs "
+                                        r"from the training state"):
         run_iterations(PLAN, [0, 1, 2, 3], [0, 1, 2, 3], backend, SingleComm(), options, sink)
     sink.close()
     assert not list((tmp_path / "t").rglob(".metadata"))
