@@ -5,10 +5,12 @@ On one workload, in this order:
 
 1. a sync run (`--mode sync`): the save time of the same bytes;
 2. async runs (`--mode async`) at each --step-seconds: blocking time against the physical
-   limit (the state's bytes over one plain copy of them into staging, measured in the
-   same run), the persist against the sync save, the interference of the persist with
+   limit (the state's bytes over one plain copy of them into staging, timed before each
+   snapshot), the persist against the sync save, the interference of the persist with
    training steps against the same run's baseline loop;
-3. `ckptbench cadence` for --job from the async run at the first step time, next to the
+3. the sync run again: a shared machine drifts, so the persist is compared with the
+   mean of the sync saves before and after it (both printed);
+4. `ckptbench cadence` for --job from the async run at the first step time, next to the
    one from the sync run.
 
     python benchmarks/async_checkpoints.py --dir /tmp/bench --scale 2 --ranks 0 \\
@@ -29,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ckptbench.measure import build_request, measure  # noqa: E402
-from ckptbench.runner.options import LoopOptions  # noqa: E402
+from ckptbench.measure import build_request, measure
+from ckptbench.runner.options import LoopOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +86,8 @@ def main() -> None:
     print(f"sync: save {sync_save:.3f} s median of {a.sync_iterations}, "
           f"{sync['iterations'][0]['bytes'] / 2**30:.3f} GiB")
 
-    rows, first = [], None
+    rows: list[tuple[float, dict[str, Any], float]] = []
+    first = None
     for step, spc, n in zip(steps, spcs, cks, strict=True):
         results = a.dir / f"async-{step:g}s-{stamp}.jsonl"
         out = run(a.workload, a.dir / "async", results, iterations=n, mode="async",
@@ -95,20 +98,28 @@ def main() -> None:
         rows.append((step, s, persist))
         print(f"async step {step:g} s: {results}")
 
+    sync_after = save_seconds(run(a.workload, a.dir / "sync", a.dir / f"sync-after-{stamp}.jsonl",
+                                  iterations=a.sync_iterations, **common))
+    print(f"sync again: save {sync_after:.3f} s")
+    sync_save = (sync_save + sync_after) / 2
+
     print()
     print(f"{'step s':>7} {'ckpts':>5} {'waited':>6} {'blocking':>9} {'limit':>7} {'x limit':>7} "
-          f"{'copy GB/s':>9} {'persist':>8} {'x sync':>6} {'durable':>8} {'step base':>9} "
-          f"{'during':>7} {'interf.':>8}")
+          f"{'copy GB/s':>9} {'persist':>8} {'x sync':>6} {'durable':>8} {'calib':>6} "
+          f"{'base':>6} {'between':>7} {'during':>7} {'interf.':>8}")
     for step, s, persist in rows:
         print(f"{step:7g} {s['checkpoints']:5d} {s['waited_checkpoints']:6d} "
               f"{s['blocking_without_wait_s']['median']:9.3f} {s['limit_s']['median']:7.3f} "
               f"{s['blocking_over_limit']['median']:7.2f} {s['copy_bytes_per_s'] / 1e9:9.2f} "
               f"{persist:8.3f} {persist / sync_save:6.2f} {s['durable_after_s']['median']:8.3f} "
-              f"{s['baseline_step_s']:9.3f} {s['during_step_s'] or 0:7.3f} "
+              f"{s['calibrated_step_s']:6.2f} {s['baseline_step_s']:6.2f} "
+              f"{s['between_step_s'] or 0:7.2f} {s['during_step_s'] or 0:7.2f} "
               f"{100 * (s['interference'] or 0):+7.1f}%")
+    print("step times (s): calibrated, baseline loop, the loop's steps between persists and "
+          "during them; interference = during / baseline - 1")
     print("blocking: median over checkpoints of the slowest process, waits left out; limit: "
           "bytes / a plain copy timed before each snapshot, x limit: median of the pairs; persist: first write to the manifest's commit (median), "
-          "x sync: over the sync save of the same bytes")
+          "x sync: over the mean of the sync saves of the same bytes before and after")
 
     assert first is not None
     print()

@@ -99,6 +99,9 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     base_mean = statistics.fmean(baseline) if baseline else None
     detail = per_checkpoint(records)
     during, n_during = _steps_mean([c["steps"]["during"] for c in detail if c["ok"]])
+    first = {c["process"]: c for c in detail if c["iteration"] == 1}
+    between, _ = _steps_mean([c["steps"]["after"] for c in detail]
+                             + [c["steps"]["before"] for c in first.values()])
     limits = worst("limit_s")
     calibrated = statistics.median(r["calibrated_step_s"] for r in loops)
     # Each checkpoint against the plain copy timed just before it (the machine's load
@@ -121,6 +124,7 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         # above 1: the machine was busier during the loop than when the step was timed
         "baseline_over_calibrated": base_mean / calibrated if base_mean else None,
         "during_step_s": during,
+        "between_step_s": between,  # the loop's steps with no persist in flight: a check
         "steps_during_persist": n_during,
         "interference": (during / base_mean - 1.0) if during and base_mean else None,
         "blocking_s": _spread(blocking),

@@ -17,8 +17,8 @@ allowed to): the loop's per-layer collective carries each process's finished per
 to process 0 and the commit's outcome back. A failed persist leaves no manifest and
 stops the loop with one line on every process; the checkpoints before it stay durable.
 
-The same loop runs first without checkpoints for the same number of steps (the
-baseline), so the interference is measured side by side. After the loop every
+The same loop also runs without checkpoints for the same number of steps (the baseline,
+half before and half after), so the interference is measured side by side. After the loop every
 checkpoint is evicted, restored and verified as in sync mode (driver's restore).
 """
 
@@ -192,12 +192,17 @@ class AsyncLoop:
         total = (self.o.iterations + 1) * lo.steps_per_checkpoint
         self._step(kernel, sched)  # warm-up, not recorded
         self.comm.barrier()
-        baseline = self._loop(kernel, sched, total, checkpoints=False)
+        # The baseline is split around the loop with checkpoints, so a machine whose
+        # load drifts slows both alike (to first order).
+        first = self._loop(kernel, sched, total // 2, checkpoints=False)
         self.comm.barrier()
         steps = self._loop(kernel, sched, total, checkpoints=True)
         while len(self.final) < self.o.iterations:  # the last persist
             time.sleep(POLL_S)
             self._sync()
+        self.comm.barrier()
+        second = self._loop(kernel, sched, total - total // 2, checkpoints=False)
+        baseline = (first[0] + second[0], first[1] + second[1])
         facts = LoopRecord(self.comm.rank, list(self.my_ranks), self.comm.host(), self.state.kind,
                            self.state.payload_bytes, staging,
                            "full" if self.full else "piecewise", copy_bw, kernel.name,
