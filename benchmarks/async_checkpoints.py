@@ -60,6 +60,14 @@ def cadence(results: Path, job: str, preset: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+def _num(x: float | None) -> str:
+    return f"{'-':>7}" if x is None else f"{x:7.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return f"{'-':>8}" if x is None else f"{100 * x:+7.1f}%"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", default=str(ROOT / "workloads" / "llama3-8b-fsdp2-8.toml"))
@@ -106,17 +114,19 @@ def main() -> None:
     print()
     print(f"{'step s':>7} {'ckpts':>5} {'waited':>6} {'blocking':>9} {'limit':>7} {'x limit':>7} "
           f"{'copy GB/s':>9} {'persist':>8} {'x sync':>6} {'durable':>8} {'calib':>6} "
-          f"{'base':>6} {'between':>7} {'during':>7} {'interf.':>8}")
+          f"{'base':>6} {'between':>7} {'during':>7} {'interf.':>8} {'vs betw.':>8}")
     for step, s, persist in rows:
         print(f"{step:7g} {s['checkpoints']:5d} {s['waited_checkpoints']:6d} "
               f"{s['blocking_without_wait_s']['median']:9.3f} {s['limit_s']['median']:7.3f} "
               f"{s['blocking_over_limit']['median']:7.2f} {s['copy_bytes_per_s'] / 1e9:9.2f} "
               f"{persist:8.3f} {persist / sync_save:6.2f} {s['durable_after_s']['median']:8.3f} "
               f"{s['calibrated_step_s']:6.2f} {s['baseline_step_s']:6.2f} "
-              f"{s['between_step_s'] or 0:7.2f} {s['during_step_s'] or 0:7.2f} "
-              f"{100 * (s['interference'] or 0):+7.1f}%")
+              f"{s['between_step_s'] or 0:7.2f} {_num(s['during_step_s'])} "
+              f"{_pct(s['interference'])} {_pct(s['interference_against_between'])}")
     print("step times (s): calibrated, baseline loop, the loop's steps between persists and "
-          "during them; interference = during / baseline - 1")
+          "those whose midpoint is in one (-: none); interference: extra time of the steps "
+          "overlapping a persist / (persist time - that), against the baseline and against "
+          "the steps between persists")
     print("blocking: median over checkpoints of the slowest process, waits left out; limit: "
           "bytes / a plain copy timed before each snapshot, x limit: median of the pairs; persist: first write to the manifest's commit (median), "
           "x sync: over the mean of the sync saves of the same bytes before and after")

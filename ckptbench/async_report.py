@@ -3,9 +3,9 @@ checkpoint was durable, and how much the persist slowed training.
 
 Per checkpoint the job waits for its slowest process (the loop resumes behind a barrier),
 so the blocking, snapshot and persist figures are the maximum over processes, then the
-median and p99 over checkpoints. Interference = mean step time during persists (steps
-whose midpoint falls between the loop resuming and the manifest's commit) over the
-baseline loop's mean step time, minus one. The physical limit of a snapshot is the
+median and p99 over checkpoints. Interference: how much slower steps run while a
+persist is in flight, against the baseline loop's mean step (see :func:`slowdown`); the
+mean of the steps whose midpoint falls in a persist is kept beside it. The physical limit of a snapshot is the
 state's bytes over one plain copy of them into staging, timed just before each
 snapshot (off the clock): each checkpoint is compared with the copy of its own moment.
 """
@@ -69,6 +69,30 @@ def per_checkpoint(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def slowdown(records: list[dict[str, Any]], baseline_s: float) -> tuple[float, float]:
+    """(extra seconds, persist seconds): over every process, the time the steps that
+    overlap a persist took beyond the baseline step, and the wall time of the persists
+    (loop resumed to durable). A persist of W seconds with steps running a fraction i
+    slower costs W i / (1 + i) of extra time, so i = extra / (W - extra): the mean step
+    time during persists over the baseline's, minus one, when persists span whole steps,
+    and still a measure when a persist is shorter than one step."""
+    extra = window = 0.0
+    for st in (r for r in records if r.get("type") == "steps" and r["loop"] == "async"):
+        spans = [(c["resume_ns"], c["durable_ns"]) for c in records
+                 if c.get("type") == "checkpoint" and c["process"] == st["process"] and c["ok"]
+                 and c["durable_ns"] is not None]
+        steps = [(a, a + sec * 1e9, sec) for a, sec in zip(st["start_ns"], st["seconds"],
+                                                           strict=True)]
+        if not steps:
+            continue
+        loop_end = steps[-1][1]
+        for a, b in spans:  # persists outlasting the loop count up to its end
+            window += max(0.0, min(b, loop_end) - a) / 1e9
+        extra += sum(sec - baseline_s for a, b, sec in steps
+                     if any(a < hi and b > lo for lo, hi in spans))
+    return extra, window
+
+
 def _steps_mean(groups: list[dict[str, float]]) -> tuple[float | None, int]:
     count = sum(int(g["count"]) for g in groups)
     if not count:
@@ -102,6 +126,8 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     first = {c["process"]: c for c in detail if c["iteration"] == 1}
     between, _ = _steps_mean([c["steps"]["after"] for c in detail]
                              + [c["steps"]["before"] for c in first.values()])
+    extra, window = slowdown(records, base_mean) if base_mean else (0.0, 0.0)
+    local, _ = slowdown(records, between) if between else (0.0, 0.0)
     limits = worst("limit_s")
     calibrated = statistics.median(r["calibrated_step_s"] for r in loops)
     # Each checkpoint against the plain copy timed just before it (the machine's load
@@ -126,7 +152,11 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         "during_step_s": during,
         "between_step_s": between,  # the loop's steps with no persist in flight: a check
         "steps_during_persist": n_during,
-        "interference": (during / base_mean - 1.0) if during and base_mean else None,
+        "persist_window_s": window,
+        "extra_step_s": extra,
+        "interference": extra / (window - extra) if window > extra else None,
+        # the same against the loop's own steps between persists (load drifting in time)
+        "interference_against_between": local / (window - local) if window > local else None,
         "blocking_s": _spread(blocking),
         "blocking_without_wait_s": _spread(unwaited),
         "waited_checkpoints": sum(1 for w in waits if w > 0),

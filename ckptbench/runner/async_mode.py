@@ -17,9 +17,10 @@ allowed to): the loop's per-layer collective carries each process's finished per
 to process 0 and the commit's outcome back. A failed persist leaves no manifest and
 stops the loop with one line on every process; the checkpoints before it stay durable.
 
-The same loop also runs without checkpoints for the same number of steps (the baseline,
-half before and half after), so the interference is measured side by side. After the loop every
-checkpoint is evicted, restored and verified as in sync mode (driver's restore).
+The same loop also runs without checkpoints for the same number of steps (the
+baseline, half before and half after), so the interference is measured side by side.
+After the loop every checkpoint is evicted, restored and verified as in sync mode
+(driver's restore). The records keep times only; the report step makes the figures.
 """
 
 from __future__ import annotations

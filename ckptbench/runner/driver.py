@@ -10,6 +10,9 @@ cache     each process evicts its files from caches; process 0 drops the host's 
 restore   the format reads the manifest, then every chunk, and checks every digest
 cleanup   process 0 deletes the checkpoint unless --keep
 
+--mode async runs its own loop (runner.async_mode), handed this module's commit and
+restore so that a checkpoint is committed and restored the same way.
+
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
 the run stops with the finished iterations' records kept.
