@@ -246,17 +246,20 @@ class AsyncLoop:
             time.sleep(POLL_S)
             self._sync()
         t1 = now()
+        # Off the clock: the persist's threads are set up (they read each piece of the
+        # snapshot once it is copied), the state takes the checkpoint's own bytes
+        # (training changed every one since the last), and one plain copy is timed: the
+        # physical limit, as busy as the machine is now.
         jobs = self._jobs(it)
-        if it > 1:  # training changed the state: the checkpoint's own bytes (off the clock)
+        snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
+        self.fmt.source = snapshot
+        self._persist(it, jobs, snapshot)
+        if it > 1:
             self.expected = self.state.load(jobs, self.fmt.gen)
-        # The physical limit now, as busy as the machine is now: one plain copy.
         bandwidth = self.state.copy_bandwidth(len(self.state.staging), 1)
         limit = self.state.payload_bytes / bandwidth if bandwidth else 0.0
         self.comm.barrier()
         t2 = now()
-        snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
-        self.fmt.source = snapshot
-        self._persist(it, jobs, snapshot)  # it reads each piece once it is copied
         snapshot.take()
         t3 = now()
         self.comm.barrier()  # the loop resumes once every process has its snapshot
@@ -270,13 +273,12 @@ class AsyncLoop:
 
     def _persist(self, it: int, jobs: list[FileJob],
                  snapshot: FullSnapshot | PiecewiseSnapshot) -> None:
-        expected = self.expected
-
         def work() -> None:
             results: list[ThreadResult] = []
             try:
-                results = self.fmt.save(jobs)
-                err = first_error(results) or _check_snapshot(results, jobs, expected)
+                results = self.fmt.save(jobs)  # returns after the snapshot was taken,
+                err = first_error(results) or _check_snapshot(  # so after the state's load
+                    results, jobs, self.expected)
             except BaseException as exc:  # reported with the checkpoint
                 err = exc
             finally:
