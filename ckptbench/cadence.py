@@ -688,8 +688,8 @@ class AsyncMeasurement:
 
     blocking_s: float  # median over checkpoints, the slowest process
     bytes_per_process: int  # the state each process snapshotted
-    interference: float  # measured; may be below 0 (noise): charged as 0
-    source: str
+    interference: float | None  # measured (below 0, noise: charged as 0); None: not
+    source: str  # measurable (the steps slowed more than the persists lasted: load drift)
 
     def blocking_for(self, bytes_per_gpu: float) -> float:
         """The job's blocking time: a snapshot is a copy, linear in the bytes it copies."""
@@ -720,5 +720,5 @@ def async_measurement(path: str | Path) -> AsyncMeasurement | None:
             raise SpecError(f"--results {path}: the async summary has no blocking time;"
                             " was a checkpoint committed?")
         return AsyncMeasurement(float(blocking), nbytes,
-                                float(inter) if isinstance(inter, int | float) else 0.0, str(path))
+                                float(inter) if isinstance(inter, int | float) else None, str(path))
     return None

@@ -59,7 +59,7 @@ def run(monkeypatch, capsys):
     return invoke
 
 
-def _results(tmp_path, interference: float) -> str:
+def _results(tmp_path, interference: float | None) -> str:
     """A run's summaries: 4 GB/s save per node (the persist), 8 GB/s restore; its async
     summary: 0.5 s blocking for 2 GB of state per process."""
     records = [
@@ -103,3 +103,9 @@ def test_measured_interference_below_zero_is_charged_as_none_and_a_given_one_win
     assert json.loads(out)["cost"]["interference"] == pytest.approx(0.05)
     rc, out, err = run("--results", _results(tmp_path, 0.2), "--interference", "-1", *args)
     assert rc == 2 and "--interference '-1' must be >= 0" in err
+    # A run whose load drifted so much that the interference was not measurable: 0,
+    # and the table says why.
+    rc, out, err = run("--results", _results(tmp_path, None), *args)
+    assert json.loads(out)["cost"]["interference"] == 0.0
+    rc, out, err = run("--results", _results(tmp_path, None), *args[:-1])
+    assert rc == 0 and "interference not measurable in that run" in out

@@ -234,7 +234,7 @@ def _asynchronous(save_s: float, results: Path | None, blocking_seconds: str | N
     if interference:
         slowdown = _ratio(interference, "--interference")
     else:
-        slowdown = max(0.0, measured.interference) if measured is not None else 0.0
+        slowdown = max(0.0, measured.interference or 0.0) if measured is not None else 0.0
     return save_s, persist_s, slowdown, measured
 
 
@@ -261,8 +261,11 @@ def _async_note(cost: cadence.CheckpointCost, measured: cadence.AsyncMeasurement
         text += (f"\nasynchronous run {measured.source}: blocking {measured.blocking_s:.3g} s"
                  f" for {measured.bytes_per_process / 1e9:.3g} GB of state per process, scaled"
                  f" to {checkpoint_bytes / gpus / 1e9:.3g} GB per GPU; its save time is the"
-                 f" persist (the interval's floor); interference"
-                 f" {100 * measured.interference:+.3g} % measured")
+                 " persist (the interval's floor); interference "
+                 + ("not measurable in that run (its steps slowed more than the persists"
+                    " lasted: the machine's load drifted), charged as 0"
+                    if measured.interference is None else
+                    f"{100 * measured.interference:+.3g} % measured"))
     return text
 
 
