@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--steps-per-checkpoint", default="8,2")
     ap.add_argument("--checkpoints", default="4,3", help="per step time")
     ap.add_argument("--sync-iterations", type=int, default=3)
+    ap.add_argument("--io", choices=("buffered", "direct"), default="buffered",
+                    help="direct: O_DIRECT both ways, so neither run depends on how fast the "
+                         "page cache gets fresh pages (slow on VMs with free page reporting)")
     ap.add_argument("--job", default=str(ROOT / "workloads" / "llama3.1-405b-tp8-pp16-fsdp-16384.toml"))
     ap.add_argument("--failure-preset", default="llama3")
     a = ap.parse_args()
@@ -86,7 +89,7 @@ def main() -> None:
     cks = [int(x) for x in a.checkpoints.split(",")]
     a.dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    common = dict(scale=a.scale, ranks=a.ranks)
+    common = dict(scale=a.scale, ranks=a.ranks, backend_options={"io": a.io})
 
     sync_results = a.dir / f"sync-{stamp}.jsonl"
     sync = run(a.workload, a.dir / "sync", sync_results, iterations=a.sync_iterations, **common)
