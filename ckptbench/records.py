@@ -26,6 +26,7 @@ one host. Records never carry credentials: every record passes through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -174,11 +175,15 @@ class RestorePhaseRecord:
     verified: bool
     mismatched_chunks: int
     restore_shift: int
+    # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, amplification,
+    # planned_read_bytes, file_readers_max/median (fan-in as measured), ...
+    extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "phase", "iteration": self.iteration, "phase": "restore", "ok": self.ok,
                 "cache": self.cache, "verified": self.verified,
-                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift}
+                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift,
+                **(self.extra or {})}
 
 
 @dataclass(slots=True)
@@ -304,6 +309,7 @@ class JsonlSink:
         self.path = Path(path)
         self._f: IO[str] | None = None
         self.records: list[dict[str, Any]] = []
+        self.broken = False  # a write failed: nothing more is written
 
     def open(self) -> None:
         from ckptbench.errors import CkptbenchError
@@ -326,13 +332,18 @@ class JsonlSink:
 
     @property
     def is_open(self) -> bool:
-        return self._f is not None
+        return self._f is not None and not self.broken
 
     def write(self, record: Record | dict[str, Any]) -> None:
         assert self._f is not None
+        if self.broken:  # the failure was raised once; cleanup's records have nowhere to go
+            return
         data = redact(as_dict(record))
         self.records.append(data)
-        self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
+        try:
+            self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            raise self._failed(exc) from None
 
     def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None:
         for r in records:
@@ -340,14 +351,25 @@ class JsonlSink:
         self.flush()
 
     def flush(self) -> None:
-        if self._f:
-            self._f.flush()
-            os.fsync(self._f.fileno())
+        if self._f and not self.broken:
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as exc:
+                raise self._failed(exc) from None
 
     def close(self) -> None:
         if self._f:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            with contextlib.suppress(OSError):  # a write that failed was reported then
+                f.close()
+
+    def _failed(self, exc: OSError) -> Exception:
+        from ckptbench.errors import CkptbenchError
+
+        self.broken = True
+        return CkptbenchError(f"{self.path}: cannot write results ({exc.strerror}); the run "
+                              "was stopped; allowed: a results path with room (--results)")
 
 
 _JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", bool: "a boolean",

@@ -24,6 +24,7 @@ LAYOUTS = ("fsdp2", "megatron-deepspeed")
 FILE_GROUPINGS = ("dcp", "per-chunk", "per-rank", "shared", "megatron")
 STRIPE_ALIGN = 4096  # stripe_size must be a multiple: shared-file regions stay O_DIRECT-aligned
 OPTIMIZERS = ("adamw", "none")
+RESTORE_KEYS = ("world_size", "tp", "pp", "dp_replicate", "ep")
 
 # A workload name becomes part of a file name (results/<name>-<run id>.jsonl): a plain
 # file-name-safe word, never a path.
@@ -117,6 +118,13 @@ class Workload:
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     description: str = ""
+    # The layout the job restarts with; None: the training layout (``parallel``).
+    restore: ParallelSpec | None = None
+
+    @property
+    def restore_parallel(self) -> ParallelSpec:
+        """The restore layout, resolved (the training layout when none was given)."""
+        return self.restore or self.parallel
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +161,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "state": ("param_dtype", "master_dtype", "optimizer", "optimizer_dtype"),
     "parallel": ("world_size", "layout", "tp", "pp", "dp_replicate", "ep", "zero_stage"),
     "checkpoint": ("files", "threads", "stripe_size", "stripe_count"),
+    # The layout the job restarts with (DCP reshards onto it); each key defaults to
+    # the training layout's value.
+    "restore": RESTORE_KEYS,
 }
 
 
@@ -248,35 +259,90 @@ def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
         ep=_int(table, "parallel", "ep", 1),
         zero_stage=_int(table, "parallel", "zero_stage", 3, minimum=0),
     )
+    return _check_layout(spec, model, "parallel")
+
+
+def _restore(table: Mapping[str, Any], model: ModelSpec, training: ParallelSpec,
+             section: str = "restore") -> ParallelSpec | None:
+    """The [restore] layout: the keys of [parallel], each defaulting to the training
+    layout's. None when it equals the training layout."""
+    for key in table:
+        if key not in RESTORE_KEYS:
+            raise SpecError(f"[{section}] unknown key {key!r}; allowed: {_allowed(RESTORE_KEYS)}")
+    values: dict[str, Any] = {k: _int(table, section, k) for k in RESTORE_KEYS if k in table}
+    spec = replace(training, **values)
+    if spec == training:
+        return None
+    if training.layout == "megatron-deepspeed":
+        raise SpecError(f"[{section}] a restore layout other than [parallel]'s needs layout"
+                        " = 'fsdp2' (DLIO reads back the files each rank wrote); allowed: the"
+                        " training layout")
+    return _check_layout(spec, model, section)
+
+
+def with_restore(workload: Workload, overrides: Mapping[str, int], option: str) -> Workload:
+    """The workload with its restore layout's keys overridden (the CLI's options), checked
+    like the [restore] table; errors name `option`."""
+    if not overrides:
+        return workload
+    base = workload.restore_parallel
+    table = {k: getattr(base, k) for k in RESTORE_KEYS}
+    table.update(overrides)
+    try:
+        restore = _restore(table, workload.model, workload.parallel, section="restore")
+    except SpecError as exc:
+        raise SpecError(f"{option}: {exc}") from None
+    return replace(workload, restore=restore)
+
+
+def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[str, int]:
+    """'world_size=6,tp=2' -> {'world_size': 6, 'tp': 2} (keys of [restore])."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        key = key.strip()
+        if not sep or key not in RESTORE_KEYS:
+            raise SpecError(f"{option} {text!r}: {part.strip()!r} is not KEY=N; allowed keys: "
+                            f"{_allowed(RESTORE_KEYS)}")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise SpecError(f"{option} {text!r}: {key} = {value.strip()!r} must be an integer"
+                            " >= 1") from None
+    return out
+
+
+def _check_layout(spec: ParallelSpec, model: ModelSpec, section: str) -> ParallelSpec:
+    """Checks every layout passes, [parallel] or [restore] (errors name `section`)."""
     grid = spec.tp * spec.pp * spec.dp_replicate
     if spec.world_size % grid:
         raise SpecError(
-            f"[parallel] world_size = {spec.world_size} must be divisible by tp x pp x dp_replicate"
+            f"[{section}] world_size = {spec.world_size} must be divisible by tp x pp x dp_replicate"
             f" = {spec.tp} x {spec.pp} x {spec.dp_replicate} = {grid}"
         )
     if model.heads % spec.tp:
-        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] heads = {model.heads}")
+        raise SpecError(f"[{section}] tp = {spec.tp} must divide [model] heads = {model.heads}")
     if model.kv_heads % spec.tp:
-        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] kv_heads = {model.kv_heads}")
+        raise SpecError(f"[{section}] tp = {spec.tp} must divide [model] kv_heads = {model.kv_heads}")
     if spec.pp > model.layers:
         raise SpecError(
-            f"[parallel] pp = {spec.pp} stages is more than [model] layers = {model.layers}"
+            f"[{section}] pp = {spec.pp} stages is more than [model] layers = {model.layers}"
         )
     if spec.ep > 1:
         if not model.experts:
-            raise SpecError(f"[parallel] ep = {spec.ep} needs a mixture-of-experts model ([model] experts > 0)")
+            raise SpecError(f"[{section}] ep = {spec.ep} needs a mixture-of-experts model ([model] experts > 0)")
         if model.experts % spec.ep:
-            raise SpecError(f"[parallel] ep = {spec.ep} must divide [model] experts = {model.experts}")
+            raise SpecError(f"[{section}] ep = {spec.ep} must divide [model] experts = {model.experts}")
         if spec.dp_shard % spec.ep:
             raise SpecError(
-                f"[parallel] ep = {spec.ep} must divide the shard degree world_size / (tp x pp x"
+                f"[{section}] ep = {spec.ep} must divide the shard degree world_size / (tp x pp x"
                 f" dp_replicate) = {spec.dp_shard}"
             )
     if spec.layout == "megatron-deepspeed":
         if spec.zero_stage not in (1, 2, 3):
-            raise SpecError(f"[parallel] zero_stage = {spec.zero_stage} is not allowed; allowed: 1, 2, 3")
+            raise SpecError(f"[{section}] zero_stage = {spec.zero_stage} is not allowed; allowed: 1, 2, 3")
         if spec.dp_replicate != 1 or spec.ep != 1:
-            raise SpecError("[parallel] dp_replicate and ep must be 1 with layout = 'megatron-deepspeed'")
+            raise SpecError(f"[{section}] dp_replicate and ep must be 1 with layout = 'megatron-deepspeed'")
     return spec
 
 
@@ -318,6 +384,8 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
             f"[checkpoint] stripe_size = {checkpoint.stripe_size} must be a multiple of"
             f" {STRIPE_ALIGN} (e.g. 1048576)"
         )
+    restore_table = data.get("restore", {})
+    restore = _restore(restore_table, model, parallel)
     if (checkpoint.files == "megatron") != (parallel.layout == "megatron-deepspeed"):
         raise SpecError(
             f"[checkpoint] files = {checkpoint.files!r} does not fit layout {parallel.layout!r};"
@@ -330,7 +398,21 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
         state=state,
         parallel=parallel,
         checkpoint=checkpoint,
+        restore=restore,
     )
+
+
+def workload_from_dict(data: Mapping[str, Any]) -> Workload:
+    """A workload from :meth:`Workload.to_dict` (as results files and manifests carry it)."""
+    tables: dict[str, Any] = {"workload": {"name": data.get("name", "workload"),
+                                           "description": data.get("description", "")}}
+    for section in ("model", "state", "parallel", "checkpoint"):
+        if isinstance(data.get(section), Mapping):
+            tables[section] = dict(data[section])
+    restore = data.get("restore")
+    if isinstance(restore, Mapping):
+        tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
+    return parse_workload(tables, name=str(data.get("name", "workload")))
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -412,8 +494,8 @@ def scaled(workload: Workload, factor: int) -> Workload:
 def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:
     """'0-7', '0,3', '0-3,8' -> sorted ranks; each must be < world_size."""
     ranks: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
+    for piece in text.split(","):
+        part = piece.strip()
         try:
             if "-" in part:
                 lo_s, hi_s = part.split("-", 1)

@@ -12,8 +12,10 @@ import ckptbench.cli as cli_module
 from ckptbench import cadence
 from ckptbench.cadence import CheckpointCost
 from ckptbench.cli.cadence_cmd import cadence_command
+from tests import synthetic
 
 MIN, HOUR = 60.0, 3600.0
+PER_RANK = 2 * 10**12 // 2048  # a 2 TB checkpoint on 2,048 GPUs
 
 
 @pytest.mark.parametrize(("tau", "save", "restore", "mtbf", "persist", "slowdown"), [
@@ -60,18 +62,16 @@ def run(monkeypatch, capsys):
 
 
 def _results(tmp_path, interference: float | None) -> str:
-    """A run's summaries: 4 GB/s save per node (the persist), 8 GB/s restore; its async
-    summary: 0.5 s blocking for 2 GB of state per process."""
-    records = [
-        {"type": "run", "workload": {"name": "x"}},
-        {"type": "summary", "phase": "save", "throughput_bytes_per_s": 4e9, "nodes": 1},
-        {"type": "summary", "phase": "restore", "throughput_bytes_per_s": 8e9, "nodes": 1},
-        {"type": "async_summary", "blocking_without_wait_s": {"median": 0.5},
-         "bytes_per_process": 2_000_000_000, "interference": interference},
-    ]
-    path = tmp_path / f"async-{interference}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return str(path)
+    """A run's records (synthetic: 8 ranks on one node, 5 iterations, 4 GB/s save per
+    node, the persist; 8 GB/s restore) and its async summary: 0.5 s blocking for 2 GB of
+    state per process."""
+    node = 8 * PER_RANK
+    records = synthetic.records(bytes_per_rank=PER_RANK, save_s=[node / 4e9] * 5,
+                                restore_s=[node / 8e9] * 5, save_meta_s=0.0,
+                                restore_meta_s=0.0)
+    records.append({"type": "async_summary", "blocking_without_wait_s": {"median": 0.5},
+                    "bytes_per_process": 2_000_000_000, "interference": interference})
+    return synthetic.write(tmp_path / f"async-{interference}.jsonl", records)
 
 
 def test_cadence_from_an_async_run(run, tmp_path):
@@ -79,13 +79,14 @@ def test_cadence_from_an_async_run(run, tmp_path):
                        "--gpus", "2048", "--mtbf", "4h", "--json")
     assert rc == 0, err
     payload = json.loads(out)
-    save = 2e12 / (4e9 * 256)  # the persist, scaled as a sync save is
+    save = 2e12 / (4e9 * 256)  # the persist, scaled by the job model as a sync save is
     blocking = 0.5 * (2e12 / 2048) / 2e9  # 0.5 s per 2 GB -> 0.98 GB per GPU
     assert payload["cost"]["save_s"] == pytest.approx(blocking)
     assert payload["cost"]["persist_s"] == pytest.approx(save - blocking)
     assert payload["cost"]["interference"] == 0.2
     assert payload["floor_s"] == pytest.approx(save - blocking)  # one persist in flight
     assert payload["async"]["bytes_per_process"] == 2_000_000_000
+    assert payload["job_model"]["inputs"]["target"]["nodes"] == 256
     # The same run's table says where the numbers come from.
     rc, out, err = run("--results", _results(tmp_path, 0.2), "--checkpoint-size", "2TB",
                        "--gpus", "2048", "--mtbf", "4h")

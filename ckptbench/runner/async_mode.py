@@ -10,7 +10,8 @@ blocking  wait until the previous checkpoint is durable (one persist in flight),
 persist   background threads write the snapshot through the format and the backend
           (the format's payload source is the snapshot), durably, as a sync save does;
           once every process is done, process 0 commits the manifest atomically in a
-          background thread of its own (driver's commit: the same manifest and records)
+          background thread of its own (driver's commit: the same manifest and records);
+          the stall watch is armed around it as around a sync save
 
 Only the loop's thread talks to the other processes (under MPI it is the only one
 allowed to): the loop's per-layer collective carries each process's finished persist
@@ -19,8 +20,10 @@ stops the loop with one line on every process; the checkpoints before it stay du
 
 The same loop also runs without checkpoints for the same number of steps (the
 baseline, half before and half after), so the interference is measured side by side.
-After the loop every checkpoint is evicted, restored and verified as in sync mode
-(driver's restore). The records keep times only; the report step makes the figures.
+Each checkpoint's directory is claimed (created exclusively, runner.driver) before its
+snapshot, off the clock. After the loop every checkpoint is evicted, restored and
+verified, then removed by name unless --keep, as in sync mode (driver's restore). The
+records keep times only; the report step makes the figures.
 """
 
 from __future__ import annotations
@@ -29,31 +32,29 @@ import importlib.util
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckptbench.backends import Backend
 from ckptbench.errors import RunFailed, SpecError, VerificationError, describe_error
 from ckptbench.formats import open_format
-from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, file_jobs, first_error, now
+from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, first_error, now
 from ckptbench.plan import Plan
 from ckptbench.records import (
     CheckpointRecord,
     LoopRecord,
     Record,
-    RecordSink,
     SavePhaseRecord,
     StepsRecord,
 )
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.phase_report import PhaseReport, phase_report
 from ckptbench.runner.staging import FullSnapshot, PiecewiseSnapshot, open_state
 from ckptbench.runner.training import Kernel, Schedule, open_kernel, schedule, unit_seconds
 
 if TYPE_CHECKING:
-    from ckptbench.formats.base import Format
-    from ckptbench.runner.driver import PhaseReport
+    from ckptbench.runner.driver import Iterations
 
 POLL_S = 0.005  # between the collectives of a loop waiting for a persist
 
@@ -77,17 +78,6 @@ def check_async(plan: Plan, options: RunOptions) -> None:
         raise SpecError(f"--staging-memory {staging} B holds no block of --block-size "
                         f"{options.block_size} B; allowed: as much as the state, or at least "
                         "one block")
-
-
-@dataclass(frozen=True)
-class DriverPhases:
-    """What the loop takes from the sync driver (which passes them in when it picks the
-    mode), so a checkpoint is reported, committed and restored exactly as in sync mode."""
-
-    report: Callable[..., PhaseReport]  # (results, jobs, comm, error, backend stats)
-    commit: Callable[..., dict[str, Any]]  # (plan, backend, ckpt, manifest key, it, options,
-    #                                         reports, sink) -> {"ok", "kind", "message"}
-    restore: Callable[[Format, int], None]  # collective: evict, restore, verify iteration
 
 
 class _Alone:
@@ -146,23 +136,27 @@ def _check_snapshot(results: list[ThreadResult], jobs: list[FileJob],
     return None
 
 
+def _left(it: int) -> str:
+    """What a failed checkpoint `it` leaves: no manifest, the ones before it durable."""
+    last = f"checkpoint {it - 1} is the last durable one" if it > 1 else "no checkpoint is durable"
+    return f"no manifest written; {last}"
+
+
 class AsyncLoop:
     """One process's share of an async run (every process runs it collectively)."""
 
-    def __init__(self, plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
-                 options: RunOptions, sink: RecordSink | None,
-                 progress: Callable[[int], None] | None, phases: DriverPhases) -> None:
-        check_async(plan, options)
-        self.plan, self.my_ranks, self.backend, self.comm = plan, my_ranks, backend, comm
-        self.o, self.sink, self.phases = options, sink, phases
-        self.root = comm.rank == 0
-        self.offset = comm.clock_offset_ns()
-        fmt = open_format(options.format, plan, my_ranks, backend, _Alone(comm),
-                          options.format_options(), progress)
+    def __init__(self, run: Iterations) -> None:
+        check_async(run.plan, run.options)
+        self.driver = run  # the driver's claim, commit and restore
+        self.plan, self.my_ranks, self.backend, self.comm = (run.plan, run.my_ranks,
+                                                             run.backend, run.comm)
+        self.o, self.sink = run.options, run.sink
+        self.root = self.comm.rank == 0
+        self.offset = self.comm.clock_offset_ns()
+        fmt = open_format(self.o.format, self.plan, self.my_ranks, self.backend,
+                          _Alone(self.comm), self.o.format_options(), run.moved)
         assert isinstance(fmt, FormatBase)  # its payload source is replaced by snapshots
         self.fmt = fmt
-        self.restore_fmt = open_format(options.format, plan, my_ranks, backend, comm,
-                                       options.format_options(), progress)
         self.lock = threading.Lock()
         self.outbox: list[tuple[int, PhaseReport]] = []  # persists done, not yet sent
         self.final: dict[int, dict[str, Any]] = {}  # iteration -> commit outcome
@@ -170,16 +164,10 @@ class AsyncLoop:
         self.commits: dict[int, _Commit] = {}  # process 0: commits running
         self.timings: list[dict[str, Any]] = []  # this process's checkpoints
 
-    def _ckpt(self, it: int) -> str:
-        return f"{self.o.run_id}/{self.plan.checkpoint_name(it)}"
-
-    def _jobs(self, it: int) -> list[FileJob]:
-        return file_jobs(self.plan, self.my_ranks, self._ckpt(it), it, self.o.seed)
-
     # --- the loop ---
     def run(self) -> None:
         lo = self.o.loop
-        jobs = self._jobs(1)
+        jobs = self.driver.jobs(1)
         self.state = open_state(lo.device, jobs, self.comm.rank)
         staging = self.state.nbytes if lo.staging_bytes == 0 else min(lo.staging_bytes,
                                                                        self.state.nbytes)
@@ -209,11 +197,8 @@ class AsyncLoop:
                            "full" if self.full else "piecewise", copy_bw, kernel.name,
                            sched.to_dict())
         self._write_records(facts, baseline, steps)
-        for it in range(1, self.o.iterations + 1):
-            self.phases.restore(self.restore_fmt, it)
-            self.comm.barrier()
-            if self.root and not self.o.keep:
-                self.backend.remove_tree(self._ckpt(it))
+        for it in range(1, self.o.iterations + 1):  # restored, verified, then removed
+            self.driver.restore(it)
 
     def _agree(self, value: float) -> float:
         """Collective: the median of every process's value."""
@@ -246,11 +231,16 @@ class AsyncLoop:
             time.sleep(POLL_S)
             self._sync()
         t1 = now()
-        # Off the clock: the persist's threads are set up (they read each piece of the
-        # snapshot once it is copied), the state takes the checkpoint's own bytes
-        # (training changed every one since the last), and one plain copy is timed: the
-        # physical limit, as busy as the machine is now.
-        jobs = self._jobs(it)
+        # Off the clock: the checkpoint's directory is claimed, the persist's threads are
+        # set up (they read each piece of the snapshot once it is copied), the state takes
+        # the checkpoint's own bytes (training changed every one since the last), and one
+        # plain copy is timed: the physical limit, as busy as the machine is now.
+        try:
+            self.driver.claim(it)  # the checkpoint's own, new directory
+        except RunFailed as exc:
+            raise RunFailed(f"checkpoint {it}: its directory could not be made: {exc} "
+                            f"({_left(it)})", exc.kind) from None
+        jobs = self.driver.jobs(it)
         snapshot = FullSnapshot(self.state) if self.full else PiecewiseSnapshot(self.state)
         self.fmt.source = snapshot
         self._persist(it, jobs, snapshot)
@@ -276,14 +266,15 @@ class AsyncLoop:
         def work() -> None:
             results: list[ThreadResult] = []
             try:
-                results = self.fmt.save(jobs)  # returns after the snapshot was taken,
+                with self.driver.watched.watching(f"the persist of {self.plan.checkpoint_name(it)}"):
+                    results = self.fmt.save(jobs)  # returns after the snapshot was taken,
                 err = first_error(results) or _check_snapshot(  # so after the state's load
                     results, jobs, self.expected)
             except BaseException as exc:  # reported with the checkpoint
                 err = exc
             finally:
                 snapshot.stop()  # wake the loop if it still waits for staging
-            report = self.phases.report(results, jobs, self.comm, err, self.backend.stats())
+            report = phase_report(results, jobs, self.comm, err, self.backend.stats())
             with self.lock:
                 self.outbox.append((it, report))
 
@@ -302,11 +293,8 @@ class AsyncLoop:
         for it, decision in sorted(news.items()):
             self.final[it] = decision
             if not decision["ok"]:
-                last = f"checkpoint {it - 1} is the last durable one" if it > 1 else \
-                    "no checkpoint is durable"
                 raise RunFailed(f"checkpoint {it}: the background persist failed: "
-                                f"{decision['message']} (no manifest written; {last})",
-                                decision["kind"])
+                                f"{decision['message']} ({_left(it)})", decision["kind"])
 
     def _coordinate(self, gathered: list[list[tuple[int, PhaseReport]]]
                     ) -> dict[int, dict[str, Any]]:
@@ -325,14 +313,11 @@ class AsyncLoop:
         return news
 
     def _commit(self, it: int, reports: list[Any]) -> _Commit:
-        ckpt = self._ckpt(it)
         c = _Commit()
 
         def work() -> None:
             try:
-                decision = self.phases.commit(self.plan, self.backend, ckpt,
-                                              f"{ckpt}/{self.plan.manifest}", it, self.o,
-                                              reports, c.sink)
+                decision = self.driver.commit(it, reports, c.sink)
             except BaseException as exc:  # e.g. the target gone while removing the rest
                 kind, message = describe_error(exc)
                 decision = {"ok": False, "kind": kind, "message": message}

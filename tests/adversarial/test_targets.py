@@ -39,7 +39,7 @@ def _prepare(target: str, barrier: multiprocessing.synchronize.Barrier,
     try:
         backend.prepare()
         queue.put("ok")
-    except Exception as exc:  # noqa: BLE001 - the parent asserts on it
+    except Exception as exc:
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
@@ -73,3 +73,27 @@ def test_two_cli_runs_on_one_new_nested_target(tmp_path: Path) -> None:
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
+
+
+def test_a_results_file_on_a_full_file_system_is_one_line(tmp_path: Path) -> None:
+    """Results on a file system that fills up mid-run: one line naming the results file,
+    exit 2, the run stopped and its checkpoints removed (no traceback, no wrong message)."""
+    import subprocess
+    import sys
+
+    from .runs import TINY, env, one_line
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "ckptbench", "run", str(TINY), "--target",
+                            str(tmp_path / "t"), "--results", str(small / "r.jsonl")],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
+        one_line(r, 2, f"{small / 'r.jsonl'}: cannot write results (No space left on device)")
+        assert not (tmp_path / "t").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)

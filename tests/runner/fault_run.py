@@ -19,8 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, run_cmd  # noqa: E402
-from tests.faults import DyingBackend, FullDiskBackend  # noqa: E402
+from ckptbench.cli import main, run_cmd
+from tests.faults import DyingBackend, FullDiskBackend
 
 
 def install(die_file: str | None, die_after: int, hosts: list[str] | None,

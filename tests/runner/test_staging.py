@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from test_mpi import TINY, local, records
 
-from ckptbench.async_report import classify_steps
 from ckptbench.backends.local import LocalBackend
 from ckptbench.errors import RunFailed
 from ckptbench.formats.base import file_jobs
 from ckptbench.payload import ChunkHasher, PayloadGenerator
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
+from ckptbench.report.asynchronous import classify_steps
 from ckptbench.runner import staging
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import run_iterations

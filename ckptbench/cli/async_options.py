@@ -1,4 +1,5 @@
-"""`ckptbench run --mode async`: its options and its table."""
+"""`ckptbench run --mode async`: the mode and the training loop's options (its table is
+the report step's: ``report.table.async_grid``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ckptbench.errors import SpecError
 from ckptbench.runner.options import MODES, LoopOptions
@@ -63,35 +62,3 @@ def loop_options(values: dict[str, Any], mode: str, ctx: click.Context) -> LoopO
                        staging_bytes=0 if loop["staging_memory"] == "state" else
                        parse_size(loop["staging_memory"], "--staging-memory"),
                        kernel=loop["step_kernel"], device=loop["state_device"])
-
-
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def render_async(console: Console, loaded: list[dict[str, Any]]) -> None:
-    """What the loop waited, the time to durable and the interference, per async run."""
-    rows = [(res, s) for res in loaded for s in res.get("async", [])]
-    if not rows:
-        return
-    table = Table(title="asynchronous checkpoints (s; per checkpoint the slowest process, "
-                        "median/p99 over checkpoints)")
-    for col in ("run", "ckpts", "blocking", "waited", "snapshot", "limit", "x limit",
-                "persist", "durable after", "step calib/base/during", "interference"):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for res, s in rows:
-        name = res["run"].get("workload", {}).get("name", "?")
-        ratio = s["blocking_over_limit"]["median"]
-        inter = s["interference"]
-        table.add_row(
-            name, str(s["checkpoints"]),
-            f"{_s(s['blocking_s']['median'])}/{_s(s['blocking_s']['p99'])}",
-            str(s["waited_checkpoints"]), _s(s["snapshot_s"]["median"]),
-            _s(s["limit_s"]["median"]),
-            "-" if ratio is None else f"{ratio:.2f}",
-            f"{_s(s['persist_s']['median'])}/{_s(s['persist_s']['p99'])}",
-            _s(s["durable_after_s"]["median"]),
-            f"{_s(s['calibrated_step_s'])}/{_s(s['baseline_step_s'])}/"
-            f"{_s(s['during_step_s'])}",
-            "-" if inter is None else f"{100 * inter:+.1f} %")
-    console.print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.async_report import slowdown
+from ckptbench.report.asynchronous import slowdown
 
 S = 10**9
 

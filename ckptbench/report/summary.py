@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ckptbench.async_report import SUMMARY, summarize_async
 from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
+from ckptbench.report.asynchronous import SUMMARY, summarize_async
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
 
@@ -31,6 +31,7 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     ranks: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     ops: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     extra_start: dict[tuple[int, str], int] = {}
+    manifest: dict[tuple[int, str], list[tuple[float, int]]] = defaultdict(list)
     extra_end: dict[tuple[int, str], int] = {}
     phases: dict[tuple[int, str], dict[str, Any]] = {}
     for r in records:
@@ -47,6 +48,7 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 extra_end[key] = max(extra_end.get(key, 0), r["end_ns"])
             elif op == "manifest":
                 extra_start[key] = min(extra_start.get(key, r["start_ns"]), r["start_ns"])
+                manifest[key].append(((r["end_ns"] - r["start_ns"]) / 1e9, r.get("size", 0)))
         elif t == "phase":
             phases[key] = r
     out = []
@@ -85,7 +87,23 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "cache": phase_rec.get("cache"),
             "latency": lat,
             **stored_stats(rs, seconds),
+            **restore_stats(phase_rec, manifest.get(key, [])),
         })
+    return out
+
+
+RESTORE_FIELDS = ("restore_plan", "restore_world_size", "amplification", "file_readers_max",
+                  "file_readers_median")
+
+
+def restore_stats(phase_rec: dict[str, Any], manifest: list[tuple[float, int]]
+                  ) -> dict[str, Any]:
+    """A restore's plan figures (from its phase record) and its manifest reads: size, the
+    slowest rank's read time."""
+    out = {k: phase_rec[k] for k in RESTORE_FIELDS if k in phase_rec}
+    if manifest:
+        out["manifest_bytes"] = max(size for _, size in manifest)
+        out["manifest_s"] = max(t for t, _ in manifest)
     return out
 
 
@@ -122,6 +140,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not sel:
             continue
         tps = [i["throughput_bytes_per_s"] for i in sel]
+        worst = max(sel, key=lambda i: i["slowest_rank_seconds"])
         secs = [i["seconds"] for i in sel]
         lat: dict[str, dict[str, float | None]] = {}
         for op in LATENCY_OPS:
@@ -141,13 +160,18 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_max": max(tps),
             "throughput_stdev": statistics.stdev(tps) if len(tps) > 1 else 0.0,
             "rank_throughput_min_bytes_per_s": min(i["rank_throughput_bytes_per_s"]["min"] for i in sel),
-            "slowest_rank_seconds_max": max(i["slowest_rank_seconds"] for i in sel),
+            "slowest_rank_seconds_max": worst["slowest_rank_seconds"],
+            "slowest_rank": worst["slowest_rank"],  # the rank that finished last, worst iteration
+            "slowest_rank_iteration": worst["iteration"],
             "first_to_last_gap_s_median": statistics.median(i["first_to_last_gap_s"] for i in sel),
             "ranks": sel[0]["ranks"],
             "nodes": sel[0]["nodes"],
             "cache": sel[0]["cache"],
             "latency": lat,
             **stored_summary(sel),
+            **{k: sel[0][k] for k in (*RESTORE_FIELDS, "manifest_bytes") if k in sel[0]},
+            **({"manifest_s": statistics.median(i["manifest_s"] for i in sel)}
+               if "manifest_s" in sel[0] else {}),
         })
     return out
 
