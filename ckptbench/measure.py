@@ -18,7 +18,6 @@ from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
-from ckptbench.runner.async_mode import check_async
 from ckptbench.spec import load_workload, parse_ranks, scaled
 
 
@@ -45,7 +44,6 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
     options.setdefault("threads", run_workload.checkpoint.threads)
     options.setdefault("run_id", new_run_id())
     run_options = RunOptions(restore_shift=restore_shift or 0, **options)
-    check_async(plan, run_options)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
                     stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)

@@ -32,7 +32,6 @@ from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
-from ckptbench.runner.async_mode import check_async
 from ckptbench.runner.options import LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, parse_ranks, scaled
@@ -205,7 +204,6 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
         mode=mode, loop=loop or LoopOptions(),
     )
-    check_async(plan, options)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
                     stripe_size=ck.stripe_size, stripe_count=ck.stripe_count)

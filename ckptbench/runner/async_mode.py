@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from ckptbench.errors import RunFailed, SpecError, VerificationError, describe_error
 from ckptbench.formats import open_format
-from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, first_error, now
+from ckptbench.formats.base import (
+    FileJob,
+    FormatBase,
+    ThreadResult,
+    file_jobs,
+    first_error,
+    now,
+)
 from ckptbench.plan import Plan
 from ckptbench.records import (
     CheckpointRecord,
@@ -50,7 +57,13 @@ from ckptbench.records import (
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport, phase_report
-from ckptbench.runner.staging import FullSnapshot, PiecewiseSnapshot, open_state
+from ckptbench.runner.staging import (
+    FullSnapshot,
+    PiecewiseSnapshot,
+    open_state,
+    staging_bytes,
+    state_bytes,
+)
 from ckptbench.runner.training import Kernel, Schedule, open_kernel, schedule, unit_seconds
 
 if TYPE_CHECKING:
@@ -78,6 +91,22 @@ def check_async(plan: Plan, options: RunOptions) -> None:
         raise SpecError(f"--staging-memory {staging} B holds no block of --block-size "
                         f"{options.block_size} B; allowed: as much as the state, or at least "
                         "one block")
+
+
+KERNEL_BYTES = 3 * 8 << 20  # the step's arrays (training.MemoryKernel; matmul's are smaller)
+
+
+def loop_memory_bytes(plan: Plan, ranks: list[int], options: RunOptions) -> tuple[int, int]:
+    """(state, staging): the host memory one process running plan ranks `ranks` holds in
+    --mode async besides its I/O buffers (0, 0 in sync mode). The state is on the host
+    unless asked for on the GPU (then a bounce buffer of its largest job is); staging is
+    --staging-memory, at most the state; the step's arrays go with the state."""
+    if options.mode != "async":
+        return 0, 0
+    jobs = file_jobs(plan, ranks, "state", 1, options.seed)
+    state = state_bytes(jobs)
+    on_host = max((j.size for j in jobs), default=0) if options.loop.device == "cuda" else state
+    return on_host + KERNEL_BYTES, staging_bytes(state, options.loop.staging_bytes)
 
 
 class _Alone:
@@ -169,8 +198,7 @@ class AsyncLoop:
         lo = self.o.loop
         jobs = self.driver.jobs(1)
         self.state = open_state(lo.device, jobs, self.comm.rank)
-        staging = self.state.nbytes if lo.staging_bytes == 0 else min(lo.staging_bytes,
-                                                                       self.state.nbytes)
+        staging = staging_bytes(self.state.nbytes, lo.staging_bytes)
         self.state.allocate_staging(staging)
         self.full = staging >= self.state.nbytes
         self.expected = self.state.load(jobs, self.fmt.gen)

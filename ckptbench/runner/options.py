@@ -24,6 +24,7 @@ def new_run_id() -> str:
 
 
 MODES = ("sync", "async")
+MAX_STEP_S = 3600.0  # a training step; a typo (1e9) would never end
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class LoopOptions:
     device: str = "auto"  # where the state lives: auto | host | cuda
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.step_seconds) and self.step_seconds > 0):
-            raise SpecError(f"--step-seconds {self.step_seconds} must be > 0 and finite")
+        if not (math.isfinite(self.step_seconds) and 0 < self.step_seconds <= MAX_STEP_S):
+            raise SpecError(f"--step-seconds {self.step_seconds} must be > 0 and at most "
+                            f"{MAX_STEP_S:g} (an hour: a step, not a run)")
         if self.steps_per_checkpoint < 1:
             raise SpecError(f"--steps-per-checkpoint {self.steps_per_checkpoint} must be >= 1")
         if self.staging_bytes < 0:

@@ -39,6 +39,17 @@ def _round(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def state_bytes(jobs: list[FileJob]) -> int:
+    """The state's size: its jobs' bytes, each padded to a page (as DeviceState lays them)."""
+    return sum(_round(max(job.size, 1)) for job in jobs)
+
+
+def staging_bytes(state: int, asked: int) -> int:
+    """Staging memory for a state of `state` bytes: `asked` (0: as much as the state),
+    never more than the state (a larger pool would hold nothing more)."""
+    return state if asked == 0 else min(asked, state)
+
+
 class DeviceState(ABC):
     """One process's state: the bytes of its jobs (its plan ranks' files), laid out in a
     fixed order, and the staging memory its snapshots go to."""
@@ -51,7 +62,7 @@ class DeviceState(ABC):
         for job in jobs:
             self.offsets[job.index] = pos
             pos += _round(max(job.size, 1))
-        self.nbytes = pos  # with each job's padding to a page
+        self.nbytes = pos  # with each job's padding to a page (state_bytes)
         self.payload_bytes = sum(j.size for j in jobs)
         self.staging = np.empty(0, dtype=np.uint8)
 
