@@ -54,8 +54,11 @@ def save_seconds(outcome: dict[str, Any]) -> float:
 
 
 def cadence(results: Path, job: str, preset: str) -> dict[str, Any]:
+    """`ckptbench cadence --json` for `job` from a run; --force: a run on one machine
+    cannot stand for the job (ranks per node, iterations: the job model says so, and its
+    warnings come back in the JSON)."""
     out = subprocess.run([sys.executable, "-m", "ckptbench", "cadence", "--results", str(results),
-                          "--workload", job, "--failure-preset", preset, "--json"],
+                          "--workload", job, "--failure-preset", preset, "--force", "--json"],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout)
 
@@ -144,6 +147,10 @@ def main() -> None:
               f"interference {100 * cost['interference']:.3g} %, R {cost['restore_s']:.3g} s -> "
               f"every {best['interval_s'] / 60:.3g} min, goodput {100 * best['goodput']:.2f} %, "
               f"{best['gpu_hours_lost_per_day']:,.0f} GPU-h lost/day")
+        warnings = (c.get("job_model") or {}).get("warnings") or []
+        if warnings:
+            print(f"         job model warnings (--force): "
+                  f"{', '.join(w['check'] for w in warnings)}")
 
 
 if __name__ == "__main__":
