@@ -24,6 +24,7 @@ from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.fields import parse_ranks
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
@@ -32,7 +33,7 @@ from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
-from ckptbench.spec import load_workload, parse_ranks, scaled
+from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
 
 
