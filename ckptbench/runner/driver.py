@@ -15,6 +15,9 @@ restore   the format reads the manifest, then every chunk, and checks every dige
 cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrote, then its
           directories if that leaves them empty (runner.cleanup)
 
+The steps run per checkpoint in turn, or all saves and then all restores (MLPerf Storage
+v2.0's order): runner.sequence.
+
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
 the run stops with the finished iterations' records kept.
@@ -57,6 +60,7 @@ from ckptbench.records import (
 from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
 
 OP_KINDS = ("open", "write", "fsync", "close", "read")
@@ -156,16 +160,19 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
             written = {f for r in all_ranks for f in plan.files_of_rank(r)}
     restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
-    for it in range(1, options.iterations + 1):
+    for step in steps(options.sequence, options.iterations):  # runner.sequence
+        it = step.iteration
         name = plan.checkpoint_name(it)
         ckpt = options.checkpoint or f"{options.run_id}/{name}"
         saved_as = options.checkpoint_iteration if restore_only else it
         manifest_key = f"{ckpt}/{plan.manifest}"
         jobs = file_jobs(plan, my_ranks, ckpt, saved_as, options.seed)
-        if not restore_only:
+        if step.save and not restore_only:
             # --- claim: a new directory (never one that exists) ---
             _agree(comm, _claim(backend, ckpt, it, sink) if coordinator else None)
             _save(plan, jobs, fmt, watched, backend, comm, made, name, it, options, sink)
+        if not step.read:
+            continue
 
         methods = _evict(fmt, jobs, backend, comm, options)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ckptbench.backends import Backend
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
+from ckptbench.runner.sequence import RunSequence, check_sequence
 from ckptbench.spec import Workload
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ class RunOptions:
     checkpoint: str = ""
     checkpoint_iteration: int = 1
     clean_debris: bool = False  # remove what interrupted runs left on the target (by name)
+    sequence: RunSequence = "interleaved"  # or writes-then-reads (runner.sequence)
+
+    def __post_init__(self) -> None:
+        check_sequence(self.sequence)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
