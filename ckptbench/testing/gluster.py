@@ -1,0 +1,402 @@
+"""A real GlusterFS on this machine for tests and benchmarks: glusterd, distributed volumes
+over bricks in a temporary directory, FUSE mounts (not a mock).
+
+`GlusterServer().start()` runs `glusterd` in the foreground with a working directory, a
+run directory and a CLI socket of its own (nothing under /var/lib/glusterd), bound to one
+loopback address: Gluster refuses 127.0.0.1 and localhost as a brick host, and its bricks
+find glusterd on port 24007 of the brick host, so each server takes the first address
+127.0.1.N whose port 24007 is free (several servers can run side by side).
+`create_volume()` makes and starts a distributed volume of N bricks (optionally with the
+shard translator, Gluster's striping), `mount()` runs a FUSE client in the foreground.
+
+`stop()` ends what this object started and nothing else: the FUSE clients (unmounted,
+then their processes), its volumes (stopped, deleted), the brick processes by the pid
+files in its own run directory (only a pid whose command line names that directory), and
+glusterd; then it removes its directories and its bricks' logs. Needs root and /dev/fuse
+(:func:`unavailable` says why not, in one line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptbench.testing import processes
+from ckptbench.testing.processes import ToolError
+
+GLUSTERD_PORT = 24007  # where bricks and clients ask glusterd (not configurable for bricks)
+BRICK_LOGS = Path("/var/log/glusterfs/bricks")
+PACKAGES = "glusterfs-server glusterfs-client"
+
+
+def unavailable() -> str | None:
+    """Why a GlusterFS FUSE mount cannot work here (None: it can): no /dev/fuse, or not
+    root (glusterd and mount(2) need it). A missing package is not a reason: that is an
+    error (:func:`require`)."""
+    if not os.path.exists("/dev/fuse"):
+        return "FUSE is unavailable: no /dev/fuse on this machine"
+    if os.geteuid() != 0:
+        return "FUSE mounts of GlusterFS need root (glusterd and mount)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"FUSE is unavailable: /dev/fuse: {exc.strerror}"
+    return None
+
+
+def require(name: str) -> str:
+    """The path of a Gluster tool, or a one-line ToolError naming the packages."""
+    found = shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/sbin") / name) if p.is_file()), None)
+    if not found:
+        raise ToolError(f"no `{name}` on PATH: apt-get install {PACKAGES} (.ci/setup does)")
+    return found
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_loopback_host() -> str:
+    """The first 127.0.1.N (N = 1..254) where glusterd's port is free."""
+    for n in range(1, 255):
+        host = f"127.0.1.{n}"
+        if _port_free(host, GLUSTERD_PORT):
+            return host
+    raise ToolError(f"port {GLUSTERD_PORT} is taken on every 127.0.1.N address (a glusterd "
+                    "listening on all addresses?); stop it or run the tests elsewhere")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def is_mounted(path: Path) -> bool:
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == real for line in f)
+    return False
+
+
+@dataclass
+class Mount:
+    """One FUSE client of a volume: its mount point and its `glusterfs` process."""
+
+    volume: str
+    path: Path
+    proc: subprocess.Popen[str] | None
+    log: Path
+    options: tuple[str, ...] = ()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+@dataclass
+class Volume:
+    name: str
+    bricks: list[Path]
+    options: dict[str, str] = field(default_factory=dict)
+    started: bool = False
+
+
+class GlusterServer:
+    """One glusterd, its volumes and their mounts: `with GlusterServer() as g:
+    g.create_volume("v"); m = g.mount("v")`."""
+
+    def __init__(self, base_dir: str | Path | None = None, host: str | None = None) -> None:
+        self.glusterd = require("glusterd")
+        self.gluster = require("gluster")
+        self.glusterfs = require("glusterfs")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if base_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ckptbench-gluster-")
+            base_dir = self._tmp.name
+        self.base = Path(base_dir)
+        self.host = host
+        self.proc: subprocess.Popen[str] | None = None
+        self.volumes: dict[str, Volume] = {}
+        self.mounts: list[Mount] = []
+        self.log_dir = self.base / "log"
+        self.run_dir = self.base / "run"
+
+    # --- glusterd ---
+    def _volfile(self) -> Path:
+        path = self.base / "glusterd.vol"
+        path.write_text("\n".join([
+            "volume management",
+            "    type mgmt/glusterd",
+            f"    option working-directory {self.base / 'state'}",
+            f"    option run-directory {self.run_dir}",
+            f"    option glusterd-sockfile {self.run_dir / 'glusterd.socket'}",
+            "    option transport-type socket",
+            f"    option transport.socket.bind-address {self.host}",
+            "    option ping-timeout 0",
+            "    option event-threads 1",
+            "end-volume", ""]))
+        return path
+
+    def start(self, timeout: float = 60.0) -> GlusterServer:
+        for sub in ("state", "run", "log", "bricks", "mnt"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):  # another server may take the address between check and bind
+            host_given = self.host is not None
+            self.host = self.host or free_loopback_host()
+            with open(self.log_dir / "glusterd.out", "ab") as out:
+                self.proc = processes.start(
+                    [self.glusterd, "-N", "-f", str(self._volfile()),
+                     "-p", str(self.run_dir / "glusterd.pid"),
+                     "--log-file", str(self.log_dir / "glusterd.log")],
+                    stdout=out, stderr=subprocess.STDOUT)
+            self._finalizer = weakref.finalize(self, _stop_quietly, self.proc)
+            if self._wait_ready(timeout):
+                return self
+            processes.stop(self.proc)
+            if host_given or attempt == 2 or _port_free(self.host, GLUSTERD_PORT):
+                break
+            self.host = None
+        tail = self.log_tail("glusterd.log")
+        self.stop()
+        raise ToolError(f"glusterd did not start: {tail}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            if (self.run_dir / "glusterd.socket").exists():
+                # The first answer waits for glusterd's init (it runs gsyncd, ~7 s here).
+                left = max(1.0, deadline - time.monotonic())
+                done = self._cli("volume", "list", check=False, timeout=left)
+                if done.returncode == 0:
+                    return True
+            time.sleep(0.2)
+        return False
+
+    def _cli(self, *args: str, check: bool = True, timeout: float = 120) -> processes.Finished:
+        done = processes.run([self.gluster, "--mode=script",
+                              f"--glusterd-sock={self.run_dir / 'glusterd.socket'}",
+                              f"--log-file={self.log_dir / 'cli.log'}", *args], timeout=timeout)
+        if check and done.returncode:
+            raise ToolError(f"gluster {' '.join(args)} failed ({done.returncode}): {done.tail()}")
+        return done
+
+    def cli(self, *args: str) -> str:
+        """Run `gluster ARGS` against this glusterd; its output (a failure is a ToolError)."""
+        return self._cli(*args).stdout
+
+    def log_tail(self, name: str, n: int = 600) -> str:
+        try:
+            text = (self.log_dir / name).read_text(errors="replace")
+        except OSError:
+            return "no log"
+        return " ".join(text[-n:].split())
+
+    # --- volumes ---
+    def create_volume(self, name: str, bricks: int = 2, shard_block_size: str | None = None,
+                      options: dict[str, str] | None = None) -> Volume:
+        """A started distributed volume of `bricks` bricks; with `shard_block_size` (e.g.
+        '4MB', Gluster's minimum) the shard translator splits every file into pieces of
+        that size spread over the bricks. `options`: more `gluster volume set` pairs."""
+        paths = [self.base / "bricks" / f"{name}-{i}" for i in range(bricks)]
+        for p in paths:
+            p.mkdir(parents=True)
+        # 'force': the bricks are on the root file system, which Gluster otherwise refuses.
+        self.cli("volume", "create", name, *(f"{self.host}:{p}" for p in paths), "force")
+        vol = self.volumes[name] = Volume(name, paths)
+        settings = dict(options or {})
+        if shard_block_size:
+            settings = {"features.shard": "on", "features.shard-block-size": shard_block_size,
+                        **settings}
+        for key, value in settings.items():
+            self.set(name, key, value)
+        self.cli("volume", "start", name)
+        vol.started = True
+        return vol
+
+    def set(self, volume: str, key: str, value: str) -> None:
+        """`gluster volume set` (a live volume's clients switch to the new graph)."""
+        self.cli("volume", "set", volume, key, value)
+        self.volumes[volume].options[key] = value
+
+    def get(self, volume: str, key: str) -> str:
+        """The volume's current value of `key` (`gluster volume get`)."""
+        for line in self.cli("volume", "get", volume, key).splitlines():
+            parts = line.split()
+            if parts and parts[0] == key:
+                return parts[1]
+        raise ToolError(f"gluster volume get {volume} {key}: no value in its output")
+
+    def brick_pids(self, volume: str | None = None) -> list[int]:
+        """Live brick processes of this server's volumes (from its own run directory's pid
+        files, kept only when the process's command line names that directory)."""
+        pids = []
+        root = self.run_dir / "vols"
+        for pidfile in sorted(root.glob(f"{volume or '*'}/*.pid")):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pidfile.read_text().split()[0])
+                if str(pidfile) in _cmdline(pid):
+                    pids.append(pid)
+        return pids
+
+    # --- clients ---
+    def mount(self, volume: str, path: str | Path | None = None, *fuse_options: str,
+              timeout: float = 30.0) -> Mount:
+        """A FUSE mount of `volume` (a `glusterfs` client in the foreground, ours to end).
+        `fuse_options`: more client flags, e.g. '--attribute-timeout=0'."""
+        where = Path(path) if path else self.base / "mnt" / f"{volume}-{len(self.mounts)}"
+        where.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"fuse-{where.name}.log"
+        proc = processes.start([self.glusterfs, "-N", f"--volfile-server={self.host}",
+                                f"--volfile-id={volume}", f"--log-file={log}", *fuse_options,
+                                str(where)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        m = Mount(volume, where, proc, log, tuple(fuse_options))
+        self.mounts.append(m)
+        deadline = time.monotonic() + timeout
+        while not is_mounted(where):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.unmount(m)
+                raise ToolError(f"mounting {volume} on {where} failed: "
+                                f"{self.log_tail(log.name)}")
+            time.sleep(0.1)
+        return m
+
+    def unmount(self, m: Mount) -> None:
+        """Unmount (lazily if busy) and end the client's process."""
+        if is_mounted(m.path):
+            done = processes.run(["umount", str(m.path)], timeout=60)
+            if done.returncode and is_mounted(m.path):
+                processes.run(["umount", "-l", str(m.path)], timeout=60)
+        if m.proc is not None:
+            processes.stop(m.proc, timeout=5)
+            m.proc = None
+        if m in self.mounts:
+            self.mounts.remove(m)
+
+    def remount(self, m: Mount) -> Mount:
+        """The same volume mounted again at the same place: every client cache is gone."""
+        self.unmount(m)
+        return self.mount(m.volume, m.path, *m.options)
+
+    # --- the end ---
+    def stop(self) -> None:
+        """End everything this object started (see the module), then remove its files."""
+        for m in list(self.mounts):
+            self.unmount(m)
+        if self.proc is not None and self.proc.poll() is None:
+            for name, vol in list(self.volumes.items()):
+                if vol.started:
+                    self._cli("volume", "stop", name, "force", check=False)
+                self._cli("volume", "delete", name, check=False)
+        for pid in self.brick_pids():  # glusterd did not stop them: ours, by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc is not None:
+            processes.stop(self.proc)
+            self.proc = None
+        for vol in self.volumes.values():
+            for brick in vol.bricks:  # glusterfsd logs to /var/log/glusterfs/bricks/<path>.log
+                (BRICK_LOGS / (str(brick).strip("/").replace("/", "-") + ".log")).unlink(
+                    missing_ok=True)
+        self.volumes.clear()
+        if self._tmp is not None:
+            _remove_tree(self.base)
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> GlusterServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _stop_quietly(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(Exception):
+        processes.stop(proc, timeout=5)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class GlusterBed:
+    """What the test session uses: one server; volume `plain` (distributed over two bricks)
+    mounted twice (two clients standing for two hosts), volume `shard` (two bricks, the
+    shard translator on) mounted once."""
+
+    server: GlusterServer
+    plain: Mount
+    other: Mount  # a second client of the plain volume
+    shard: Mount
+
+    @classmethod
+    def start(cls, shard_block_size: str = "4MB") -> GlusterBed:
+        server = GlusterServer().start()
+        try:
+            server.create_volume("ckb")
+            server.create_volume("ckbshard", shard_block_size=shard_block_size)
+            return cls(server, server.mount("ckb"), server.mount("ckb"),
+                       server.mount("ckbshard"))
+        except BaseException:
+            server.stop()
+            raise
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ckptbench.testing.gluster [--shard 4MB] -- CMD ARGS`: run CMD with a
+    fresh volume mounted ({mount} in ARGS is replaced by the mount point), then remove it
+    all. E.g. `-- python benchmarks/vs_fio.py --dir {mount}/vs_fio --repeat 3`."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster",
+                                 description=main.__doc__)
+    ap.add_argument("--bricks", type=int, default=2)
+    ap.add_argument("--shard", default=None, help="shard block size (e.g. 4MB); default: off")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="more `gluster volume set` options")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("a command to run is required (after --)")
+    reason = unavailable()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    options = dict(kv.split("=", 1) for kv in args.set)
+    with GlusterServer() as server:
+        server.create_volume("bench", args.bricks, args.shard, options)
+        mount = server.mount("bench")
+        print(f"gluster: volume bench ({args.bricks} bricks, shard {args.shard or 'off'}) "
+              f"on {mount.path}", file=sys.stderr, flush=True)
+        cmd = [a.replace("{mount}", str(mount.path)) for a in command]
+        return subprocess.run(cmd, check=False).returncode  # noqa: S603 - the user's command
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""The local/POSIX backend on a real GlusterFS (FUSE): the conformance suite on a plain
+distributed volume (buffered and O_DIRECT) and on a sharded one, and the harness itself:
+what the volumes look like on their bricks, and a teardown that ends only its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ckptbench.backends.filesystems import FileSystem, gluster_graph
+from ckptbench.backends.local import LocalBackend
+from ckptbench.testing.gluster import GlusterBed, GlusterServer, is_mounted
+
+from .test_local import LocalConformance
+
+MIB = 1 << 20
+
+
+def brick_files(server: GlusterServer, volume: str) -> dict[str, dict[str, int]]:
+    """brick -> {relative path: size} of the regular files a volume's bricks hold (not
+    Gluster's own .glusterfs tree)."""
+    out: dict[str, dict[str, int]] = {}
+    for brick in server.volumes[volume].bricks:
+        files = {}
+        for dirpath, dirs, names in os.walk(brick):
+            dirs[:] = [d for d in dirs if d != ".glusterfs"]
+            for n in names:
+                p = Path(dirpath) / n
+                files[str(p.relative_to(brick))] = p.stat().st_size
+        out[brick.name] = files
+    return out
+
+
+class GlusterConformance(LocalConformance):
+    mount = "plain"
+
+    @pytest.fixture
+    def target(self, gluster: GlusterBed) -> str:
+        mount: Path = getattr(gluster, self.mount).path
+        return str(mount / f"conf-{uuid.uuid4().hex[:8]}")
+
+
+class TestGlusterBuffered(GlusterConformance):
+    io = "buffered"
+
+
+class TestGlusterDirect(GlusterConformance):
+    """O_DIRECT through FUSE: the client's page cache is bypassed; Gluster accepts it."""
+
+    io = "direct"
+
+
+class TestGlusterShardBuffered(GlusterConformance):
+    mount = "shard"
+    io = "buffered"
+
+
+# --- the volumes, as the harness made them ---
+
+def test_plain_volume_spreads_whole_files_over_two_bricks(gluster: GlusterBed, gluster_dir: Path):
+    gluster_dir.mkdir()
+    for i in range(16):
+        (gluster_dir / f"f{i}").write_bytes(os.urandom(1000 + i))
+    per_brick = brick_files(gluster.server, "ckb")
+    assert len(per_brick) == 2
+    held = {b: [k for k in files if k.startswith(gluster_dir.name + "/")]
+            for b, files in per_brick.items()}
+    assert all(held.values()), held  # distributed: both bricks hold some of the files
+    assert sorted(k for ks in held.values() for k in ks) == sorted(
+        f"{gluster_dir.name}/f{i}" for i in range(16))  # each file whole, on one brick
+    assert (gluster.other.path / gluster_dir.name / "f3").read_bytes() == \
+        (gluster_dir / "f3").read_bytes()  # the second client sees the same files
+
+
+def test_shard_volume_splits_a_file_into_4mb_pieces_across_bricks(gluster: GlusterBed):
+    name = f"sharded-{uuid.uuid4().hex[:6]}"
+    data = os.urandom(10 * MIB + 5)
+    (gluster.shard.path / name).write_bytes(data)
+    try:
+        files = {k: v for b in brick_files(gluster.server, "ckbshard").values()
+                 for k, v in b.items()}
+        assert files[name] == 4 * MIB  # the base file holds the first block only
+        pieces = sorted(v for k, v in files.items() if k.startswith(".shard/"))
+        assert pieces == [2 * MIB + 5, 4 * MIB]  # blocks 1 and 2 in Gluster's .shard tree
+        assert (gluster.shard.path / name).read_bytes() == data
+    finally:
+        (gluster.shard.path / name).unlink()
+
+
+def test_the_mount_table_says_fuse_glusterfs_and_the_record_keeps_no_secrets(
+        gluster: GlusterBed, gluster_dir: Path):
+    fs = FileSystem.of(gluster_dir)
+    assert (fs.fs_type, fs.family, fs.mount_point) == (
+        "fuse.glusterfs", "parallel", str(gluster.plain.path))
+    details = LocalBackend(str(gluster_dir)).details()
+    assert details["fs_type"] == "fuse.glusterfs"
+    assert details["mount_source"] == f"{gluster.server.host}:ckb"
+    assert "gluster performance/write-behind" in details["client_caches"]
+    assert details["gluster_shard"] == {"enabled": False}
+    assert details["server_caches"].startswith("not controlled")
+    shard = LocalBackend(str(gluster.shard.path / "x")).details()["gluster_shard"]
+    assert shard == {"enabled": True, "block_size": "4MB"}
+    # The client graph's volfile carries the volume's username and password: never recorded.
+    volfile = (gluster.plain.path / ".meta/graphs/active/volfile").read_text()
+    secret = next(line.split()[2] for line in volfile.splitlines()
+                  if line.split()[:2] == ["option", "password"])
+    assert secret not in json.dumps(details)
+    assert "password" not in json.dumps([t.options for t in gluster_graph(gluster.plain.path)])
+
+
+def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster: GlusterBed):
+    with GlusterServer() as other:
+        assert other.host != gluster.server.host  # glusterd's port is taken on the first
+        other.create_volume("solo")
+        m = other.mount("solo")
+        (m.path / "x").write_bytes(b"x" * 100)
+        pids = [other.proc.pid, m.pid, *other.brick_pids()]  # type: ignore[union-attr]
+        assert len(pids) == 4 and all(pids)
+        base, mount = other.base, m.path
+    for pid in pids:  # gone (or at most a zombie of someone else's: not ours to reap)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z", pid
+    assert not is_mounted(mount) and not base.exists()
+    # The session's server and mounts were not touched.
+    assert gluster.server.proc is not None and gluster.server.proc.poll() is None
+    assert len(gluster.server.brick_pids()) == 4
+    probe = gluster.plain.path / f"alive-{uuid.uuid4().hex[:6]}"
+    probe.write_bytes(b"ok")
+    assert (gluster.other.path / probe.name).read_bytes() == b"ok"
+    probe.unlink()
