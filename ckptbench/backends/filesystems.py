@@ -207,8 +207,8 @@ def _gluster_held(mount_point: str) -> str | None:
         label = GLUSTER_DATA_CACHES.get(t.type)
         if label is None:
             continue
-        used = gluster_private(mount_point, t.name).get("cache_used")
-        if used is None or not used.isdigit():
+        used = gluster_private(mount_point, t.name).get("cache_used", "")
+        if not used.isdigit():
             held.append(f"gluster {label}: contents unknown")
         elif int(used):
             held.append(f"gluster {label} holds {int(used)} bytes")

@@ -19,6 +19,7 @@ glusterd; then it removes its directories and its bricks' logs. Needs root and /
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ from ckptbench.testing.processes import ToolError
 
 GLUSTERD_PORT = 24007  # where bricks and clients ask glusterd (not configurable for bricks)
 BRICK_LOGS = Path("/var/log/glusterfs/bricks")
+STATEDUMPS = Path("/var/run/gluster")  # where a client writes its state dump
 PACKAGES = "glusterfs-server glusterfs-client"
 
 
@@ -82,6 +84,35 @@ def free_loopback_host() -> str:
                     "listening on all addresses?); stop it or run the tests elsewhere")
 
 
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+_SYS_CACHESTAT = 451  # Linux >= 6.5, the same number on every architecture
+
+
+def cached_bytes(path: str | Path) -> int:
+    """Bytes of `path` in this host's page cache now (cachestat(2); on a FUSE mount: the
+    client's copy). Opening the file does not change it; a ToolError where the kernel
+    has no cachestat (before 6.5)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        stat = _Cachestat()
+        if libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(_CachestatRange(0, 0)),
+                        ctypes.byref(stat), 0) != 0:
+            err = ctypes.get_errno()
+            raise ToolError(f"cachestat({path}): {os.strerror(err)} (Linux >= 6.5 has it)")
+    finally:
+        os.close(fd)
+    return int(stat.nr_cache) * (os.sysconf("SC_PAGE_SIZE"))
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -117,6 +148,7 @@ class Volume:
     bricks: list[Path]
     options: dict[str, str] = field(default_factory=dict)
     started: bool = False
+    profiling: bool = False
 
 
 class GlusterServer:
@@ -246,6 +278,20 @@ class GlusterServer:
                 return parts[1]
         raise ToolError(f"gluster volume get {volume} {key}: no value in its output")
 
+    def bytes_read(self, volume: str) -> int:
+        """Bytes the volume's bricks served to clients since the previous call (`gluster
+        volume profile`, started on the first call): what a restore did not find in a
+        client's cache."""
+        vol = self.volumes[volume]
+        if not vol.profiling:
+            self.cli("volume", "profile", volume, "start")
+            vol.profiling = True
+            self.cli("volume", "profile", volume, "info", "incremental")  # a new interval
+            return 0
+        out = self.cli("volume", "profile", volume, "info", "incremental")
+        return sum(int(line.split()[2]) for line in out.splitlines()
+                   if line.split()[:2] == ["Data", "Read:"])
+
     def brick_pids(self, volume: str | None = None) -> list[int]:
         """Live brick processes of this server's volumes (from its own run directory's pid
         files, kept only when the process's command line names that directory)."""
@@ -280,6 +326,27 @@ class GlusterServer:
             time.sleep(0.1)
         return m
 
+    def statedump(self, m: Mount, timeout: float = 30.0) -> str:
+        """A state dump of client `m` (SIGUSR1 to its process; the dump is read from
+        /var/run/gluster and removed): every translator's state, e.g. which files
+        io-cache holds pages of."""
+        if m.proc is None:
+            raise ToolError(f"{m.path}: not mounted by this server")
+        pattern = f"glusterdump.{m.proc.pid}.dump.*"
+        before = set(STATEDUMPS.glob(pattern))
+        m.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = sorted(set(STATEDUMPS.glob(pattern)) - before)
+            if new:
+                time.sleep(0.3)  # written at once, but let it finish
+                text = new[-1].read_text(errors="replace")
+                for f in new:
+                    f.unlink(missing_ok=True)
+                return text
+            time.sleep(0.1)
+        raise ToolError(f"no statedump of the client of {m.path} in {STATEDUMPS}")
+
     def unmount(self, m: Mount) -> None:
         """Unmount (lazily if busy) and end the client's process."""
         if is_mounted(m.path):
@@ -293,9 +360,13 @@ class GlusterServer:
             self.mounts.remove(m)
 
     def remount(self, m: Mount) -> Mount:
-        """The same volume mounted again at the same place: every client cache is gone."""
+        """Mount `m`'s volume again at the same place (a new client process, in `m`):
+        every client cache is gone."""
         self.unmount(m)
-        return self.mount(m.volume, m.path, *m.options)
+        fresh = self.mount(m.volume, m.path, *m.options)
+        self.mounts[self.mounts.index(fresh)] = m  # the same object, a new client process
+        m.proc, m.log = fresh.proc, fresh.log
+        return m
 
     # --- the end ---
     def stop(self) -> None:
