@@ -31,6 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptbench.backends.striping import gluster_shard_block_size
 from ckptbench.testing import processes
 from ckptbench.testing.processes import ToolError
 
@@ -422,11 +423,12 @@ class GlusterBed:
     shard: Mount
 
     @classmethod
-    def start(cls, shard_block_size: str = "4MB") -> GlusterBed:
+    def start(cls, stripe_size: int = 4 << 20) -> GlusterBed:
+        """`stripe_size` ([checkpoint] stripe_size) becomes the shard volume's block size."""
         server = GlusterServer().start()
         try:
             server.create_volume("ckb")
-            server.create_volume("ckbshard", shard_block_size=shard_block_size)
+            server.create_volume("ckbshard", shard_block_size=gluster_shard_block_size(stripe_size))
             return cls(server, server.mount("ckb"), server.mount("ckb"),
                        server.mount("ckbshard"))
         except BaseException:
@@ -447,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster",
                                  description=main.__doc__)
     ap.add_argument("--bricks", type=int, default=2)
-    ap.add_argument("--shard", default=None, help="shard block size (e.g. 4MB); default: off")
+    ap.add_argument("--shard", default=None,
+                    help="shard block size (e.g. 4MB, Gluster's minimum); default: no sharding")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="more `gluster volume set` options")
     ap.add_argument("command", nargs=argparse.REMAINDER)

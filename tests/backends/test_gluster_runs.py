@@ -84,3 +84,39 @@ def test_file_pattern_round_trip(gluster: GlusterBed, tmp_path: Path, files: str
     finally:
         import shutil
         shutil.rmtree(target, ignore_errors=True)
+
+
+def test_the_workloads_stripe_size_as_the_shard_block_size_of_a_volume_we_own(
+        gluster: GlusterBed, tmp_path: Path) -> None:
+    """Gluster's striping is the shard translator, a volume option: for a volume the
+    harness owns, [checkpoint] stripe_size becomes its shard block size; the run record
+    shows what the client's graph has, and the bricks hold pieces of that size."""
+    from ckptbench.backends.striping import gluster_shard_block_size
+
+    stripe = 8 << 20
+    server = gluster.server
+    server.create_volume("ckbstripe", shard_block_size=gluster_shard_block_size(stripe))
+    mount = server.mount("ckbstripe")
+    try:
+        w = tmp_path / "w.toml"
+        w.write_text(TINY.read_text().replace(
+            "[parallel]", f'[checkpoint]\nfiles = "shared"\nstripe_size = {stripe}\n'
+            "stripe_count = -1\n\n[parallel]"))
+        recs = run(str(w), "--target", str(mount.path / "t"), "--results",
+                   str(tmp_path / "r.jsonl"), "--keep")
+        striping = recs[0]["striping"]
+        assert striping["gluster_shard"] == {"enabled": True, "block_size": "8MB"}
+        assert striping["applied"] is False and "features.shard-block-size 8MB" in \
+            striping["reason"]
+        size = plan_layout(build_plan(load_workload(w))).shared_size["checkpoint.bin"]
+        pieces = sorted(p.stat().st_size for brick in server.volumes["ckbstripe"].bricks
+                        for p in (brick / ".shard").glob("*"))
+        # Block 0 stays in the base file; the others are pieces of at most 8 MiB (each
+        # rank's region starts a block, so a piece ends where its region's data does).
+        assert len(pieces) == -(-size // stripe) - 1
+        assert all(0 < n <= stripe for n in pieces) and max(pieces) > stripe // 2
+    finally:
+        server.unmount(mount)
+        server.cli("volume", "stop", "ckbstripe", "force")
+        server.cli("volume", "delete", "ckbstripe")
+        server.volumes.pop("ckbstripe")
