@@ -200,7 +200,12 @@ class GlusterServer:
                      "-p", str(self.run_dir / "glusterd.pid"),
                      "--log-file", str(self.log_dir / "glusterd.log")],
                     stdout=out, stderr=subprocess.STDOUT)
-            self._finalizer = weakref.finalize(self, _stop_quietly, self.proc)
+            # Even if stop() is never called (a script that forgets it, an exception on
+            # the way), everything goes with this object or at exit; a SIGKILLed harness
+            # still takes glusterd and the clients along (the death signal), not the
+            # bricks, which glusterd daemonizes.
+            self._finalizer = weakref.finalize(self, _stop_quietly, self.proc, self.run_dir,
+                                               self.mounts)
             if self._wait_ready(timeout):
                 return self
             processes.stop(self.proc)
@@ -296,14 +301,7 @@ class GlusterServer:
     def brick_pids(self, volume: str | None = None) -> list[int]:
         """Live brick processes of this server's volumes (from its own run directory's pid
         files, kept only when the process's command line names that directory)."""
-        pids = []
-        root = self.run_dir / "vols"
-        for pidfile in sorted(root.glob(f"{volume or '*'}/*.pid")):
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pidfile.read_text().split()[0])
-                if str(pidfile) in _cmdline(pid):
-                    pids.append(pid)
-        return pids
+        return _brick_pids(self.run_dir, volume)
 
     # --- clients ---
     def mount(self, volume: str, path: str | Path | None = None, *fuse_options: str,
@@ -402,8 +400,27 @@ class GlusterServer:
         self.stop()
 
 
-def _stop_quietly(proc: subprocess.Popen[str]) -> None:
+def _brick_pids(run_dir: Path, volume: str | None = None) -> list[int]:
+    pids = []
+    for pidfile in sorted((run_dir / "vols").glob(f"{volume or '*'}/*.pid")):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().split()[0])
+            if str(pidfile) in _cmdline(pid):
+                pids.append(pid)
+    return pids
+
+
+def _stop_quietly(proc: subprocess.Popen[str], run_dir: Path, mounts: list[Mount]) -> None:
+    """What stop() ends, without asking glusterd (the finalizer's way out)."""
     with contextlib.suppress(Exception):
+        for m in mounts:
+            if is_mounted(m.path):
+                processes.run(["umount", "-l", str(m.path)], timeout=30)
+            if m.proc is not None:
+                processes.stop(m.proc, timeout=5)
+        for pid in _brick_pids(run_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         processes.stop(proc, timeout=5)
 
 
