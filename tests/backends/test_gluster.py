@@ -132,3 +132,12 @@ def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster:
     probe.write_bytes(b"ok")
     assert (gluster.other.path / probe.name).read_bytes() == b"ok"
     probe.unlink()
+
+
+def test_the_harness_command_needs_a_command(capsys):
+    from ckptbench.testing.gluster import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    assert "a command to run is required" in capsys.readouterr().err
