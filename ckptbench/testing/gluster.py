@@ -19,7 +19,6 @@ glusterd; then it removes its directories and its bricks' logs. Needs root and /
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -83,35 +82,6 @@ def free_loopback_host() -> str:
             return host
     raise ToolError(f"port {GLUSTERD_PORT} is taken on every 127.0.1.N address (a glusterd "
                     "listening on all addresses?); stop it or run the tests elsewhere")
-
-
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in
-                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
-
-
-_SYS_CACHESTAT = 451  # Linux >= 6.5, the same number on every architecture
-
-
-def cached_bytes(path: str | Path) -> int:
-    """Bytes of `path` in this host's page cache now (cachestat(2); on a FUSE mount: the
-    client's copy). Opening the file does not change it; a ToolError where the kernel
-    has no cachestat (before 6.5)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        stat = _Cachestat()
-        if libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(_CachestatRange(0, 0)),
-                        ctypes.byref(stat), 0) != 0:
-            err = ctypes.get_errno()
-            raise ToolError(f"cachestat({path}): {os.strerror(err)} (Linux >= 6.5 has it)")
-    finally:
-        os.close(fd)
-    return int(stat.nr_cache) * (os.sysconf("SC_PAGE_SIZE"))
 
 
 def _cmdline(pid: int) -> str:
@@ -454,40 +424,3 @@ class GlusterBed:
 
     def stop(self) -> None:
         self.server.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m ckptbench.testing.gluster [--shard 4MB] -- CMD ARGS`: run CMD with a
-    fresh volume mounted ({mount} in ARGS is replaced by the mount point), then remove it
-    all. E.g. `-- python benchmarks/vs_fio.py --dir {mount}/vs_fio --repeat 3`."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster",
-                                 description=main.__doc__)
-    ap.add_argument("--bricks", type=int, default=2)
-    ap.add_argument("--shard", default=None,
-                    help="shard block size (e.g. 4MB, Gluster's minimum); default: no sharding")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="more `gluster volume set` options")
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        ap.error("a command to run is required (after --)")
-    reason = unavailable()
-    if reason:
-        print(reason, file=sys.stderr)
-        return 2
-    options = dict(kv.split("=", 1) for kv in args.set)
-    with GlusterServer() as server:
-        server.create_volume("bench", args.bricks, args.shard, options)
-        mount = server.mount("bench")
-        print(f"gluster: volume bench ({args.bricks} bricks, shard {args.shard or 'off'}) "
-              f"on {mount.path}", file=sys.stderr, flush=True)
-        cmd = [a.replace("{mount}", str(mount.path)) for a in command]
-        return subprocess.run(cmd, check=False).returncode  # noqa: S603 - the user's command
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

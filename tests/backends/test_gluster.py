@@ -135,7 +135,7 @@ def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster:
 
 
 def test_the_harness_command_needs_a_command(capsys):
-    from ckptbench.testing.gluster import main
+    from ckptbench.testing.gluster_cli import main
 
     with pytest.raises(SystemExit) as exc:
         main([])

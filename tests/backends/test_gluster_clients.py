@@ -51,7 +51,7 @@ def _rank(index: int, plan: Any, roots: list[str], io: str, opts: RunOptions, pa
         if sink is not None:
             sink.open()
         run_iterations(plan, [ranks[index]], ranks, backend, comm, opts, sink)
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
+    except BaseException as exc:  # reported to the test, then the group stops
         errors.put((index, describe_error(exc)))
         comm.abort()
         code = 1
@@ -108,7 +108,7 @@ def test_shifted_restore_reads_the_other_clients_files_from_the_servers(
     """IOR's -C: with --restore-shift 2 every rank reads what a rank of the other client
     wrote. Nothing is evicted (cache = none), yet every byte restored comes from the
     bricks: a client's cache holds only what that client wrote."""
-    name, roots, _ = clients
+    _, roots, _ = clients
     plan = tiny(files)
     opts = RunOptions(iterations=2, threads=2, block_size=MIB, prefill_bytes=8 * MIB,
                       cache="none", restore_shift=2, run_id="two-clients")
@@ -131,7 +131,7 @@ def test_one_shared_file_written_through_both_clients_at_once(
     """N-1: one checkpoint.bin, each rank writing its region, two ranks through each
     client at the same time; restored shifted (through the other client) and verified
     digest by digest; then the file read whole through both clients is the same."""
-    name, roots, (a, b) = clients
+    _, roots, (a, b) = clients
     plan = tiny("shared")
     opts = RunOptions(iterations=1, threads=2, block_size=MIB, prefill_bytes=8 * MIB,
                       restore_shift=2, keep=True, run_id="n-1")
