@@ -47,12 +47,23 @@ def gluster():
     volume `ckbshard` with the shard translator (4MB) mounted once (`shard`); everything
     it started is ended after the last test. Skipped only where FUSE is unavailable (no
     /dev/fuse, or not root); missing Gluster packages fail (.ci/setup installs them)."""
+    import signal
+
     from ckptbench.testing import ToolError
     from ckptbench.testing.gluster import GlusterBed, unavailable
 
     reason = unavailable()
     if reason:
         pytest.skip(reason)
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # A CI timeout's SIGTERM would end pytest without teardown, and glusterd's daemonized
+    # bricks and the mounts would stay: as an interrupt, the session tears down first.
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupted)
     try:
         bed = GlusterBed.start()
     except ToolError as exc:
@@ -61,6 +72,7 @@ def gluster():
         yield bed
     finally:
         bed.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture

@@ -120,6 +120,7 @@ class Volume:
     options: dict[str, str] = field(default_factory=dict)
     started: bool = False
     profiling: bool = False
+    sockets: list[Path] = field(default_factory=list)
 
 
 class GlusterServer:
@@ -239,6 +240,11 @@ class GlusterServer:
             self.set(name, key, value)
         self.cli("volume", "start", name)
         vol.started = True
+        # Each brick's control socket is in /var/run/gluster (-S on its command line).
+        for pid in self.brick_pids(name):
+            args = _cmdline(pid).split()
+            if "-S" in args[:-1]:
+                vol.sockets.append(Path(args[args.index("-S") + 1]))
         return vol
 
     def set(self, volume: str, key: str, value: str) -> None:
@@ -338,26 +344,34 @@ class GlusterServer:
         return m
 
     # --- the end ---
+    def delete_volume(self, name: str) -> None:
+        """Unmount, stop and delete volume `name`; end its bricks if glusterd did not;
+        remove its bricks' logs and sockets outside this server's directory."""
+        for m in [m for m in self.mounts if m.volume == name]:
+            self.unmount(m)
+        vol = self.volumes.pop(name)
+        if self.proc is not None and self.proc.poll() is None:
+            if vol.started:
+                self._cli("volume", "stop", name, "force", check=False)
+            self._cli("volume", "delete", name, check=False)
+        for pid in self.brick_pids(name):  # glusterd did not stop them: ours, by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for brick in vol.bricks:  # glusterfsd logs to /var/log/glusterfs/bricks/<path>.log
+            (BRICK_LOGS / (str(brick).strip("/").replace("/", "-") + ".log")).unlink(
+                missing_ok=True)
+        for sock in vol.sockets:
+            sock.unlink(missing_ok=True)
+
     def stop(self) -> None:
         """End everything this object started (see the module), then remove its files."""
         for m in list(self.mounts):
             self.unmount(m)
-        if self.proc is not None and self.proc.poll() is None:
-            for name, vol in list(self.volumes.items()):
-                if vol.started:
-                    self._cli("volume", "stop", name, "force", check=False)
-                self._cli("volume", "delete", name, check=False)
-        for pid in self.brick_pids():  # glusterd did not stop them: ours, by pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for name in list(self.volumes):
+            self.delete_volume(name)
         if self.proc is not None:
             processes.stop(self.proc)
             self.proc = None
-        for vol in self.volumes.values():
-            for brick in vol.bricks:  # glusterfsd logs to /var/log/glusterfs/bricks/<path>.log
-                (BRICK_LOGS / (str(brick).strip("/").replace("/", "-") + ".log")).unlink(
-                    missing_ok=True)
-        self.volumes.clear()
         if self._tmp is not None:
             _remove_tree(self.base)
             self._tmp.cleanup()

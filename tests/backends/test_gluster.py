@@ -121,10 +121,15 @@ def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster:
         pids = [other.proc.pid, m.pid, *other.brick_pids()]  # type: ignore[union-attr]
         assert len(pids) == 4 and all(pids)
         base, mount = other.base, m.path
+        outside = [*other.volumes["solo"].sockets, *(
+            Path("/var/log/glusterfs/bricks") / (str(b).strip("/").replace("/", "-") + ".log")
+            for b in other.volumes["solo"].bricks)]
+        assert len(outside) == 4 and all(p.exists() for p in outside)
     for pid in pids:  # gone (or at most a zombie of someone else's: not ours to reap)
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z", pid
     assert not is_mounted(mount) and not base.exists()
+    assert not [p for p in outside if p.exists()]  # its brick sockets and logs too
     # The session's server and mounts were not touched.
     assert gluster.server.proc is not None and gluster.server.proc.poll() is None
     assert len(gluster.server.brick_pids()) == 4

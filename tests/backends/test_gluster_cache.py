@@ -224,10 +224,7 @@ def io_cache_mount(gluster: GlusterBed) -> Iterator[Mount]:
                                             "performance.io-cache-size": "256MB"})
     mount = server.mount("ckbioc")
     yield mount
-    server.unmount(mount)
-    server.cli("volume", "stop", "ckbioc", "force")
-    server.cli("volume", "delete", "ckbioc")
-    server.volumes.pop("ckbioc")
+    server.delete_volume("ckbioc")
 
 
 def test_io_cache_is_emptied_by_drop_caches_or_the_restore_is_recorded_warm(

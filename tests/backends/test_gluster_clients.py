@@ -15,6 +15,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +43,7 @@ MIB = 1 << 20
 def _rank(index: int, plan: Any, roots: list[str], io: str, opts: RunOptions, parent: int,
           barrier: Any, inboxes: list[Any], errors: Any, results: str) -> None:
     die_with_parent(parent)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the session's handler
     ranks = list(range(plan.world_size))
     comm = ProcessComm(index, len(ranks), barrier, inboxes)
     backend = LocalBackend(roots[index], LocalOptions(io=io))

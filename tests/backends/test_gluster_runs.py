@@ -116,7 +116,4 @@ def test_the_workloads_stripe_size_as_the_shard_block_size_of_a_volume_we_own(
         assert len(pieces) == -(-size // stripe) - 1
         assert all(0 < n <= stripe for n in pieces) and max(pieces) > stripe // 2
     finally:
-        server.unmount(mount)
-        server.cli("volume", "stop", "ckbstripe", "force")
-        server.cli("volume", "delete", "ckbstripe")
-        server.volumes.pop("ckbstripe")
+        server.delete_volume("ckbstripe")
