@@ -1,5 +1,5 @@
 """asv benchmarks: save/restore throughput (GB/s) through the same runner as the CLI,
-plan building at the Llama 3 cluster's scale, and payload generation speed.
+plan and restore-plan building at the Llama 3 cluster's scale, and payload generation speed.
 
     asv run --python=same --quick
 """
@@ -19,8 +19,10 @@ from ckptbench.backends import open_backend
 from ckptbench.measure import measure
 from ckptbench.payload import PayloadGenerator, Region
 from ckptbench.plan import build_plan
+from ckptbench.plan.export import restore_summary
+from ckptbench.plan.restore import build_restore_plan
 from ckptbench.runner import RunOptions, RunRequest, new_run_id
-from ckptbench.spec import load_workload, scaled
+from ckptbench.spec import load_workload, scaled, with_restore
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 # Where save/restore benchmarks write; point it at the storage to measure.
@@ -85,6 +87,33 @@ class Plan:
 
     def peakmem_plan_405b_16384_ranks(self):
         build_plan(self.workload)
+
+
+class RestorePlan:
+    """`ckptbench plan --restore` for llama3.1-405b saved on 16,384 ranks and restored onto
+    127 data-parallel groups (TP8 x PP16 x FSDP127 = 16,256 ranks, a job that lost a
+    group): the save plan, the DCP restore plan and its summary. Budget: 10 s, 4 GiB."""
+
+    timeout = 300
+
+    def setup(self):
+        self.workload = with_restore(
+            load_workload(WORKLOADS / "llama3.1-405b-tp8-pp16-fsdp-16384.toml"),
+            {"world_size": 16256}, "--restore-world-size")
+
+    def _summary(self):
+        return restore_summary(build_restore_plan(build_plan(self.workload)))
+
+    def time_restore_plan_405b_16256_ranks(self):
+        self._summary()
+
+    def peakmem_restore_plan_405b_16256_ranks(self):
+        self._summary()
+
+    def track_amplification_405b_16256_ranks(self):
+        return self._summary()["amplification"]
+
+    track_amplification_405b_16256_ranks.unit = "x"  # type: ignore[attr-defined]
 
 
 class Payload:

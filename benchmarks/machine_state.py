@@ -54,7 +54,7 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def mem_available() -> int:
+def available_memory() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
@@ -64,7 +64,7 @@ def mem_available() -> int:
 def warm_size(moved_bytes: int, reserve: int | None = None) -> int:
     """Default warm-up: twice the bytes a run moves (a tool's buffers plus the page cache)
     and 1 GiB, at most half the memory available (or all of it but `reserve` bytes)."""
-    cap = mem_available() // 2 if reserve is None else mem_available() - reserve
+    cap = available_memory() // 2 if reserve is None else available_memory() - reserve
     return max(0, min(2 * moved_bytes + GIB, cap))
 
 

@@ -11,17 +11,16 @@ first-order forms, which is why the calculator uses it everywhere. M may be ``ma
 (no failures): then the best interval is ``math.inf`` too.
 
 Nothing here imports backends or the runner; the workload's checkpoint size is asked of
-the planner lazily (``workload_checkpoint_bytes``).
+the planner lazily (``workload_checkpoint_bytes``). C and R from a measured run come
+from the job model (``ckptbench.jobmodel``), the step before this one.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckptbench.errors import CkptbenchError, SpecError
 
@@ -528,123 +527,15 @@ def goodput_curve(cost: CheckpointCost, mtbf_s: float, intervals: Iterable[float
     ]
 
 
-# --- from measurements ------------------------------------------------------------------
+# --- restart and the checkpoint's size ---------------------------------------------------
 
-
-def summaries_from_results(path: str | Path) -> dict[str, dict[str, Any]]:
-    """The ``"type": "summary"`` records of a ``ckptbench run`` results file, by phase
-    (the last one wins if a phase repeats)."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise SpecError(f"--results {path}: no such file") from None
-    except OSError as exc:
-        raise SpecError(f"--results {path}: cannot read ({exc.strerror})") from None
-    found: dict[str, dict[str, Any]] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise SpecError(f"--results {path}:{number}: not a JSON line") from None
-        if isinstance(record, dict) and record.get("type") == "summary":
-            phase = record.get("phase")
-            if phase not in ("save", "restore"):
-                raise SpecError(f"--results {path}:{number}: phase {phase!r}; allowed: save, restore")
-            found[phase] = record
-    return found
-
-
-def workload_from_results(path: str | Path) -> Workload | None:
-    """The full-size workload a results file was measured for (its ``run`` record)."""
-    from ckptbench.spec import parse_workload
-
-    try:
-        with Path(path).open() as f:
-            first = json.loads(f.readline() or "{}")
-    except (OSError, json.JSONDecodeError):
-        return None
-    data = first.get("workload") if isinstance(first, dict) and first.get("type") == "run" else None
-    if not isinstance(data, dict):
-        return None
-    tables = {k: v for k, v in data.items() if k in ("model", "state", "parallel", "checkpoint")}
-    tables["model"] = {k: v for k, v in tables.get("model", {}).items()
-                       if v or k in ("name", "layers", "dim", "heads", "kv_heads", "ffn_dim",
-                                     "vocab_size")}
-    tables["workload"] = {"name": data.get("name", "workload")}
-    try:
-        return parse_workload(tables)
-    except SpecError:
-        return None
-
-
-def _throughput(record: Mapping[str, Any], where: str) -> tuple[float, int]:
-    """Measured bytes/s and node count of one summary record, validated."""
-    rate = record.get("throughput_bytes_per_s")
-    if rate is None and record.get("seconds"):
-        rate = record.get("bytes", 0) / record["seconds"]
-    nodes = record.get("nodes", 1)
-    if not isinstance(rate, int | float) or not rate > 0:
-        raise SpecError(f"{where}: throughput_bytes_per_s must be > 0")
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise SpecError(f"{where}: nodes must be an integer >= 1")
-    return float(rate), nodes
-
-
-@dataclass(frozen=True)
-class ScaledCost:
-    """C and R for the target job from measured throughput, and the assumption made."""
-
-    save_s: float
-    restore_s: float
-    save_bandwidth: float  # bytes/s the target job is assumed to get
-    restore_bandwidth: float
-    assumption: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def scale_measurements(summaries: Mapping[str, Mapping[str, Any]], checkpoint_bytes: float,
-                       gpus: int, gpus_per_node: int = 8,
-                       aggregate_bandwidth: float | None = None, source: str = "--results"
-                       ) -> ScaledCost:
-    """Measured per-node throughput x the target's nodes, capped by an aggregate ceiling.
-
-    The per-node rate is what the run's nodes achieved together, divided by how many
-    there were: a storage system that scales with clients. The ceiling is what it cannot
-    exceed however many clients write.
-    """
-    checkpoint_bytes = _positive("checkpoint bytes", checkpoint_bytes)
-    if gpus < 1 or gpus_per_node < 1:
-        raise SpecError("--gpus and --gpus-per-node must be integers >= 1")
-    nodes = math.ceil(gpus / gpus_per_node)
-    rates: dict[str, float] = {}
-    details: dict[str, Any] = {"target_nodes": nodes, "aggregate_bandwidth": aggregate_bandwidth}
-    described: list[str] = []
-    for phase in ("save", "restore"):
-        if phase not in summaries:
-            raise SpecError(f"{source}: no {phase} summary record; run `ckptbench run` with {phase}s")
-        rate, measured_nodes = _throughput(summaries[phase], f"{source} {phase} summary")
-        per_node = rate / measured_nodes
-        scaled = per_node * nodes
-        rates[phase] = scaled if aggregate_bandwidth is None else min(scaled, aggregate_bandwidth)
-        details[phase] = {"per_node_bandwidth": per_node, "measured_nodes": measured_nodes,
-                          "bandwidth": rates[phase]}
-        text = (f"{phase} {format_bandwidth(per_node)} per node (measured on {measured_nodes})"
-                f" x {nodes} nodes = {format_bandwidth(scaled)}")
-        if rates[phase] < scaled:
-            text += f", capped at the aggregate ceiling {format_bandwidth(rates[phase])}"
-        described.append(text)
-    assumption = "; ".join(described)
-    return ScaledCost(
-        save_s=checkpoint_bytes / rates["save"],
-        restore_s=checkpoint_bytes / rates["restore"],
-        save_bandwidth=rates["save"],
-        restore_bandwidth=rates["restore"],
-        assumption=assumption,
-        details=details,
-    )
+DEFAULT_RESTART_OVERHEAD_S = 600.0
+RESTART_OVERHEAD_SOURCE = (
+    "default 10 min: the restart time R = 10 min of Daly's worked examples (FGCS 2006), a"
+    " round figure for relaunching a large job (requeue, container and process start,"
+    " communicator setup) before its checkpoint is read; not a measurement: give"
+    " --restart-overhead with your cluster's own"
+)
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

@@ -54,10 +54,12 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
 
 def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = None,
             on_progress: Callable[[int], None] | None = None,
-            on_start: Callable[[], None] | None = None) -> dict[str, Any] | None:
+            on_start: Callable[[], None] | None = None,
+            on_notice: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """Run `req`, write its records and summary to `results` (a new file); return the run
     as :func:`ckptbench.report.view` gives it (None on MPI ranks other than 0). Raises
-    RunFailed after the summary of what did run is written."""
+    RunFailed after the summary of what did run is written. `on_notice` gets one-line
+    notes for the user (what interrupted runs left, files left in place)."""
     if launcher is None:
         from ckptbench.runner.launch_local import LocalLauncher
 
@@ -65,12 +67,14 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
     sink = JsonlSink(results) if launcher.root else None
     outcome = None
     try:
-        failure = run_session(req, launcher, sink, on_progress, on_start)
+        failure = run_session(req, launcher, sink, on_progress, on_start, on_notice)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
             sink.write_all(summarize(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
+        elif sink is not None:
+            sink.close()
     if failure is not None:
         raise failure
     return outcome

@@ -20,6 +20,7 @@ one host. Records never carry credentials: every record passes through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -168,11 +169,15 @@ class RestorePhaseRecord:
     verified: bool
     mismatched_chunks: int
     restore_shift: int
+    # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, amplification,
+    # planned_read_bytes, file_readers_max/median (fan-in as measured), ...
+    extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "phase", "iteration": self.iteration, "phase": "restore", "ok": self.ok,
                 "cache": self.cache, "verified": self.verified,
-                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift}
+                "mismatched_chunks": self.mismatched_chunks, "restore_shift": self.restore_shift,
+                **(self.extra or {})}
 
 
 @dataclass(slots=True)
@@ -229,12 +234,20 @@ class JsonlSink:
         self.path = Path(path)
         self._f: IO[str] | None = None
         self.records: list[dict[str, Any]] = []
+        self.broken = False  # a write failed: nothing more is written
 
     def open(self) -> None:
         from ckptbench.errors import CkptbenchError
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # e.g. ./results is a regular file
+            raise CkptbenchError(f"{self.path.parent}: not a directory (results files go in it); "
+                                 "allowed: a directory, or choose another --results path") from None
+        except OSError as exc:
+            raise CkptbenchError(f"{self.path.parent}: cannot create the results directory "
+                                 f"({exc.strerror})") from None
+        try:
             self._f = open(self.path, "x")  # noqa: SIM115 - lives as long as the sink
         except FileExistsError:
             raise CkptbenchError(f"{self.path}: results file exists (never overwritten); "
@@ -244,13 +257,18 @@ class JsonlSink:
 
     @property
     def is_open(self) -> bool:
-        return self._f is not None
+        return self._f is not None and not self.broken
 
     def write(self, record: Record | dict[str, Any]) -> None:
         assert self._f is not None
+        if self.broken:  # the failure was raised once; cleanup's records have nowhere to go
+            return
         data = redact(as_dict(record))
         self.records.append(data)
-        self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
+        try:
+            self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            raise self._failed(exc) from None
 
     def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None:
         for r in records:
@@ -258,31 +276,55 @@ class JsonlSink:
         self.flush()
 
     def flush(self) -> None:
-        if self._f:
-            self._f.flush()
-            os.fsync(self._f.fileno())
+        if self._f and not self.broken:
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as exc:
+                raise self._failed(exc) from None
 
     def close(self) -> None:
         if self._f:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            with contextlib.suppress(OSError):  # a write that failed was reported then
+                f.close()
+
+    def _failed(self, exc: OSError) -> Exception:
+        from ckptbench.errors import CkptbenchError
+
+        self.broken = True
+        return CkptbenchError(f"{self.path}: cannot write results ({exc.strerror}); the run "
+                              "was stopped; allowed: a results path with room (--results)")
+
+
+_JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", bool: "a boolean",
+               int: "a number", float: "a number"}
 
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file; a line that is not UTF-8 JSON holding an object
+    is one error naming the file and line (garbage, `[1,2]` and `null` included)."""
     from ckptbench.errors import CkptbenchError
 
     try:
-        f = open(path)  # noqa: SIM115 - closed by the with below
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except OSError as exc:
         raise CkptbenchError(f"{path}: cannot read results ({exc.strerror})") from None
+    first = True
     with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CkptbenchError(f"{path}:{n}: not UTF-8 text (not a ckptbench results file)") from None
+            except (json.JSONDecodeError, RecursionError):  # nesting too deep is garbage too
                 raise CkptbenchError(f"{path}:{n}: not a JSON line") from None
-            if n == 1 and record.get("schema") != SCHEMA:
+            if not isinstance(record, dict):
+                kind = _JSON_KINDS.get(type(record), "a value")
+                raise CkptbenchError(f"{path}:{n}: {kind}, not a record; allowed: one JSON object per line")
+            if first and record.get("schema") != SCHEMA:
                 raise CkptbenchError(f"{path}: not a ckptbench results file (schema {SCHEMA} expected)")
+            first = False
             yield record

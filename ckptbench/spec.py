@@ -7,6 +7,9 @@ processes or clocks. Every validation error names the TOML key and what is allow
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -21,6 +24,20 @@ LAYOUTS = ("fsdp2", "megatron-deepspeed")
 FILE_GROUPINGS = ("dcp", "per-chunk", "per-rank", "shared", "megatron")
 STRIPE_ALIGN = 4096  # stripe_size must be a multiple: shared-file regions stay O_DIRECT-aligned
 OPTIMIZERS = ("adamw", "none")
+RESTORE_KEYS = ("world_size", "tp", "pp", "dp_replicate", "ep")
+
+# A workload name becomes part of a file name (results/<name>-<run id>.jsonl): a plain
+# file-name-safe word, never a path.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+NAME_ALLOWED = "1-128 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
+# Workload files are small TOML tables; anything bigger (or not a regular file: a FIFO,
+# /dev/zero) is a mistake that must not block or fill memory.
+MAX_WORKLOAD_FILE_BYTES = 1 << 20
+# Upper bounds that keep planning to seconds (the Llama 3 cluster is 16,384 ranks and the
+# largest real models have ~130 layers); ckptbench.plan.bounds bounds their product.
+MAX_WORLD_SIZE = 1 << 20
+MAX_LAYERS = 4096
+MAX_FILE_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,13 @@ class Workload:
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     description: str = ""
+    # The layout the job restarts with; None: the training layout (``parallel``).
+    restore: ParallelSpec | None = None
+
+    @property
+    def restore_parallel(self) -> ParallelSpec:
+        """The restore layout, resolved (the training layout when none was given)."""
+        return self.restore or self.parallel
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,6 +161,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "state": ("param_dtype", "master_dtype", "optimizer", "optimizer_dtype"),
     "parallel": ("world_size", "layout", "tp", "pp", "dp_replicate", "ep", "zero_stage"),
     "checkpoint": ("files", "threads", "stripe_size", "stripe_count"),
+    # The layout the job restarts with (DCP reshards onto it); each key defaults to
+    # the training layout's value.
+    "restore": RESTORE_KEYS,
 }
 
 
@@ -153,7 +180,7 @@ def _check_keys(table: Mapping[str, Any], section: str) -> None:
 
 
 def _int(table: Mapping[str, Any], section: str, key: str, default: int | None = None,
-         minimum: int = 1) -> int:
+         minimum: int = 1, maximum: int | None = None) -> int:
     value = table.get(key, default)
     if value is None:
         raise SpecError(f"[{section}] {key} is required (an integer >= {minimum})")
@@ -161,6 +188,24 @@ def _int(table: Mapping[str, Any], section: str, key: str, default: int | None =
         raise SpecError(f"[{section}] {key} = {value!r} must be an integer >= {minimum}")
     if value < minimum:
         raise SpecError(f"[{section}] {key} = {value} must be an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise SpecError(f"[{section}] {key} = {value} is too large; allowed: {minimum} to {maximum:,}")
+    return value
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """repr() of a value for an error line, cut short (names can be long or binary)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _workload_name(meta: Mapping[str, Any], default: str) -> str:
+    """[workload] name, or the file's stem: it names the results file, so never a path."""
+    if "name" not in meta:
+        return default
+    value = meta["name"]
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise SpecError(f"[workload] name = {_shown(value)} is not allowed; allowed: {NAME_ALLOWED}")
     return value
 
 
@@ -186,11 +231,13 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
             if key not in table:
                 raise SpecError(f"[model] {key} is required for a custom model (an integer >= 1)")
     minimums = {"head_dim": 0, "experts": 0, "moe_ffn_dim": 0, "shared_experts": 0}
+    maximums = {"layers": MAX_LAYERS}
     values: dict[str, int] = {}
     for key in _MODEL_INT_KEYS:
         if key in table or key in base:
             source = table if key in table else base
-            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1))
+            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1),
+                               maximum=maximums.get(key))
     spec = ModelSpec(name=name, **values)
     if spec.head_dim == 0 and spec.dim % spec.heads:
         raise SpecError(f"[model] heads = {spec.heads} must divide dim = {spec.dim} (or give head_dim)")
@@ -204,7 +251,7 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
 def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
     _check_keys(table, "parallel")
     spec = ParallelSpec(
-        world_size=_int(table, "parallel", "world_size", 1),
+        world_size=_int(table, "parallel", "world_size", 1, maximum=MAX_WORLD_SIZE),
         layout=_choice(table, "parallel", "layout", LAYOUTS, "fsdp2"),
         tp=_int(table, "parallel", "tp", 1),
         pp=_int(table, "parallel", "pp", 1),
@@ -212,35 +259,90 @@ def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
         ep=_int(table, "parallel", "ep", 1),
         zero_stage=_int(table, "parallel", "zero_stage", 3, minimum=0),
     )
+    return _check_layout(spec, model, "parallel")
+
+
+def _restore(table: Mapping[str, Any], model: ModelSpec, training: ParallelSpec,
+             section: str = "restore") -> ParallelSpec | None:
+    """The [restore] layout: the keys of [parallel], each defaulting to the training
+    layout's. None when it equals the training layout."""
+    for key in table:
+        if key not in RESTORE_KEYS:
+            raise SpecError(f"[{section}] unknown key {key!r}; allowed: {_allowed(RESTORE_KEYS)}")
+    values: dict[str, Any] = {k: _int(table, section, k) for k in RESTORE_KEYS if k in table}
+    spec = replace(training, **values)
+    if spec == training:
+        return None
+    if training.layout == "megatron-deepspeed":
+        raise SpecError(f"[{section}] a restore layout other than [parallel]'s needs layout"
+                        " = 'fsdp2' (DLIO reads back the files each rank wrote); allowed: the"
+                        " training layout")
+    return _check_layout(spec, model, section)
+
+
+def with_restore(workload: Workload, overrides: Mapping[str, int], option: str) -> Workload:
+    """The workload with its restore layout's keys overridden (the CLI's options), checked
+    like the [restore] table; errors name `option`."""
+    if not overrides:
+        return workload
+    base = workload.restore_parallel
+    table = {k: getattr(base, k) for k in RESTORE_KEYS}
+    table.update(overrides)
+    try:
+        restore = _restore(table, workload.model, workload.parallel, section="restore")
+    except SpecError as exc:
+        raise SpecError(f"{option}: {exc}") from None
+    return replace(workload, restore=restore)
+
+
+def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[str, int]:
+    """'world_size=6,tp=2' -> {'world_size': 6, 'tp': 2} (keys of [restore])."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        key = key.strip()
+        if not sep or key not in RESTORE_KEYS:
+            raise SpecError(f"{option} {text!r}: {part.strip()!r} is not KEY=N; allowed keys: "
+                            f"{_allowed(RESTORE_KEYS)}")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise SpecError(f"{option} {text!r}: {key} = {value.strip()!r} must be an integer"
+                            " >= 1") from None
+    return out
+
+
+def _check_layout(spec: ParallelSpec, model: ModelSpec, section: str) -> ParallelSpec:
+    """Checks every layout passes, [parallel] or [restore] (errors name `section`)."""
     grid = spec.tp * spec.pp * spec.dp_replicate
     if spec.world_size % grid:
         raise SpecError(
-            f"[parallel] world_size = {spec.world_size} must be divisible by tp x pp x dp_replicate"
+            f"[{section}] world_size = {spec.world_size} must be divisible by tp x pp x dp_replicate"
             f" = {spec.tp} x {spec.pp} x {spec.dp_replicate} = {grid}"
         )
     if model.heads % spec.tp:
-        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] heads = {model.heads}")
+        raise SpecError(f"[{section}] tp = {spec.tp} must divide [model] heads = {model.heads}")
     if model.kv_heads % spec.tp:
-        raise SpecError(f"[parallel] tp = {spec.tp} must divide [model] kv_heads = {model.kv_heads}")
+        raise SpecError(f"[{section}] tp = {spec.tp} must divide [model] kv_heads = {model.kv_heads}")
     if spec.pp > model.layers:
         raise SpecError(
-            f"[parallel] pp = {spec.pp} stages is more than [model] layers = {model.layers}"
+            f"[{section}] pp = {spec.pp} stages is more than [model] layers = {model.layers}"
         )
     if spec.ep > 1:
         if not model.experts:
-            raise SpecError(f"[parallel] ep = {spec.ep} needs a mixture-of-experts model ([model] experts > 0)")
+            raise SpecError(f"[{section}] ep = {spec.ep} needs a mixture-of-experts model ([model] experts > 0)")
         if model.experts % spec.ep:
-            raise SpecError(f"[parallel] ep = {spec.ep} must divide [model] experts = {model.experts}")
+            raise SpecError(f"[{section}] ep = {spec.ep} must divide [model] experts = {model.experts}")
         if spec.dp_shard % spec.ep:
             raise SpecError(
-                f"[parallel] ep = {spec.ep} must divide the shard degree world_size / (tp x pp x"
+                f"[{section}] ep = {spec.ep} must divide the shard degree world_size / (tp x pp x"
                 f" dp_replicate) = {spec.dp_shard}"
             )
     if spec.layout == "megatron-deepspeed":
         if spec.zero_stage not in (1, 2, 3):
-            raise SpecError(f"[parallel] zero_stage = {spec.zero_stage} is not allowed; allowed: 1, 2, 3")
+            raise SpecError(f"[{section}] zero_stage = {spec.zero_stage} is not allowed; allowed: 1, 2, 3")
         if spec.dp_replicate != 1 or spec.ep != 1:
-            raise SpecError("[parallel] dp_replicate and ep must be 1 with layout = 'megatron-deepspeed'")
+            raise SpecError(f"[{section}] dp_replicate and ep must be 1 with layout = 'megatron-deepspeed'")
     return spec
 
 
@@ -273,7 +375,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     default_files = "megatron" if parallel.layout == "megatron-deepspeed" else "dcp"
     checkpoint = CheckpointSpec(
         files=_choice(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
-        threads=_int(ckpt_table, "checkpoint", "threads", 1),
+        threads=_int(ckpt_table, "checkpoint", "threads", 1, maximum=MAX_FILE_THREADS),
         stripe_size=_int(ckpt_table, "checkpoint", "stripe_size", 1 << 20, minimum=STRIPE_ALIGN),
         stripe_count=_int(ckpt_table, "checkpoint", "stripe_count", 0, minimum=-1),
     )
@@ -282,30 +384,41 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
             f"[checkpoint] stripe_size = {checkpoint.stripe_size} must be a multiple of"
             f" {STRIPE_ALIGN} (e.g. 1048576)"
         )
+    restore_table = data.get("restore", {})
+    restore = _restore(restore_table, model, parallel)
     if (checkpoint.files == "megatron") != (parallel.layout == "megatron-deepspeed"):
         raise SpecError(
             f"[checkpoint] files = {checkpoint.files!r} does not fit layout {parallel.layout!r};"
             f" allowed: {'megatron' if parallel.layout == 'megatron-deepspeed' else 'dcp, per-chunk, per-rank, shared'}"
         )
     return Workload(
-        name=str(meta.get("name", name)),
+        name=_workload_name(meta, name),
         description=str(meta.get("description", "")),
         model=model,
         state=state,
         parallel=parallel,
         checkpoint=checkpoint,
+        restore=restore,
     )
+
+
+def workload_from_dict(data: Mapping[str, Any]) -> Workload:
+    """A workload from :meth:`Workload.to_dict` (as results files and manifests carry it)."""
+    tables: dict[str, Any] = {"workload": {"name": data.get("name", "workload"),
+                                           "description": data.get("description", "")}}
+    for section in ("model", "state", "parallel", "checkpoint"):
+        if isinstance(data.get(section), Mapping):
+            tables[section] = dict(data[section])
+    restore = data.get("restore")
+    if isinstance(restore, Mapping):
+        tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
+    return parse_workload(tables, name=str(data.get("name", "workload")))
 
 
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such workload file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    text = _read_workload_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -314,6 +427,45 @@ def load_workload(path: str | Path) -> Workload:
         return parse_workload(data, name=path.stem)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _read_workload_text(path: Path) -> str:
+    """The text of a regular, UTF-8 file of at most MAX_WORKLOAD_FILE_BYTES.
+
+    O_NONBLOCK keeps the open of a FIFO from waiting for a writer; the kind is then
+    checked on the open descriptor (no race with a rename), and at most one byte more
+    than the limit is read (a file that grows, or /proc, cannot fill memory).
+    """
+    allowed = f"allowed: a UTF-8 TOML workload file of at most {MAX_WORKLOAD_FILE_BYTES:,} bytes"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such workload file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise SpecError(f"{path}: is {kind}, not a regular file; {allowed}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_WORKLOAD_FILE_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_WORKLOAD_FILE_BYTES:,} bytes; {allowed}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}); "
+                        f"{allowed}") from None
 
 
 def scaled(workload: Workload, factor: int) -> Workload:
@@ -342,8 +494,8 @@ def scaled(workload: Workload, factor: int) -> Workload:
 def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:
     """'0-7', '0,3', '0-3,8' -> sorted ranks; each must be < world_size."""
     ranks: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
+    for piece in text.split(","):
+        part = piece.strip()
         try:
             if "-" in part:
                 lo_s, hi_s = part.split("-", 1)

@@ -3,7 +3,6 @@ the same failure model, and the edge cases where first-order formulas break."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -25,9 +24,7 @@ from ckptbench.cadence import (
     optimal_interval,
     parse_component,
     required_save_seconds,
-    scale_measurements,
     series_mtbf_s,
-    summaries_from_results,
     young_interval,
 )
 from ckptbench.errors import SpecError
@@ -386,62 +383,3 @@ def test_required_save_time_reaches_the_target() -> None:
 def test_bad_times_are_spec_errors(call) -> None:
     with pytest.raises(SpecError, match="must be"):
         call()
-
-
-# --- from measurements ------------------------------------------------------------------
-
-
-def _write_results(path, records) -> None:
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-
-
-RESULTS = [
-    {"type": "run", "workload": {"name": "tiny", "parallel": {"world_size": 16}}},
-    {"type": "iteration", "phase": "save", "seconds": 12.0},
-    {"type": "summary", "phase": "save", "bytes": 40e9, "seconds": 10.0,
-     "throughput_bytes_per_s": 4e9, "ranks": 16, "nodes": 2},
-    {"type": "summary", "phase": "restore", "bytes": 40e9, "seconds": 5.0,
-     "throughput_bytes_per_s": 8e9, "ranks": 16, "nodes": 2},
-]
-
-
-def test_summaries_from_results(tmp_path) -> None:
-    path = tmp_path / "run.jsonl"
-    _write_results(path, RESULTS)
-    summaries = summaries_from_results(path)
-    assert set(summaries) == {"save", "restore"}
-    assert summaries["save"]["throughput_bytes_per_s"] == 4e9
-    assert summaries["restore"]["nodes"] == 2
-
-
-def test_bad_results_files(tmp_path) -> None:
-    with pytest.raises(SpecError, match="no such file"):
-        summaries_from_results(tmp_path / "missing.jsonl")
-    broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"type": "run"}\nnot json\n')
-    with pytest.raises(SpecError, match=r"broken.jsonl:2: not a JSON line"):
-        summaries_from_results(broken)
-    odd = tmp_path / "odd.jsonl"
-    _write_results(odd, [{"type": "summary", "phase": "verify"}])
-    with pytest.raises(SpecError, match="phase 'verify'"):
-        summaries_from_results(odd)
-
-
-def test_per_node_scaling_and_aggregate_ceiling(tmp_path) -> None:
-    path = tmp_path / "run.jsonl"
-    _write_results(path, RESULTS)
-    summaries = summaries_from_results(path)
-    # 2 GB/s save and 4 GB/s restore per node; 1024 GPUs = 128 nodes
-    scaled = scale_measurements(summaries, 1e12, gpus=1024, gpus_per_node=8)
-    assert scaled.save_bandwidth == pytest.approx(256e9)
-    assert scaled.save_s == pytest.approx(1e12 / 256e9)
-    assert scaled.restore_s == pytest.approx(1e12 / 512e9)
-    assert "per node" in scaled.assumption and "128 nodes" in scaled.assumption
-    capped = scale_measurements(summaries, 1e12, gpus=1024, aggregate_bandwidth=300e9)
-    assert capped.save_bandwidth == pytest.approx(256e9)  # below the ceiling
-    assert capped.restore_bandwidth == pytest.approx(300e9)
-    assert "ceiling" in capped.assumption
-    with pytest.raises(SpecError, match="no restore summary"):
-        scale_measurements({"save": summaries["save"]}, 1e12, gpus=8)
-    with pytest.raises(SpecError, match="throughput_bytes_per_s"):
-        scale_measurements({**summaries, "save": {"nodes": 1}}, 1e12, gpus=8)

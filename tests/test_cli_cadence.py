@@ -8,9 +8,11 @@ import math
 import pytest
 
 import ckptbench.cli as cli_module
+from ckptbench import cadence, jobmodel
 from ckptbench.cli.cadence_cmd import cadence_command
 from ckptbench.errors import SpecError
 from ckptbench.units import parse_duration, parse_fraction, parse_rate, parse_size
+from tests import synthetic
 
 DALY = ["--save-seconds", "5min", "--restore-seconds", "10min"]
 
@@ -89,17 +91,16 @@ def test_components(run) -> None:
     assert payload["mtbf_s"] == pytest.approx(3600 / (64 * 1e-5 + 16 * 4e-5))
 
 
-def _results_file(tmp_path) -> str:
-    records = [
-        {"type": "run", "workload": {"name": "tiny"}},
-        {"type": "summary", "phase": "save", "bytes": 8e9, "seconds": 2.0,
-         "throughput_bytes_per_s": 4e9, "ranks": 8, "nodes": 1},
-        {"type": "summary", "phase": "restore", "bytes": 8e9, "seconds": 1.0,
-         "throughput_bytes_per_s": 8e9, "ranks": 8, "nodes": 1},
-    ]
-    path = tmp_path / "run.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return str(path)
+PER_RANK = 2 * 10**12 // 2048  # a 2 TB checkpoint on 2,048 GPUs
+
+
+def _results_file(tmp_path, name: str = "run.jsonl", **shape) -> str:
+    """8 ranks on one node, 5 iterations without spread: 4 GB/s save and 8 GB/s restore
+    per node, no metadata time (the job model's answer is then per-node scaling)."""
+    node = 8 * PER_RANK
+    shape = {"bytes_per_rank": PER_RANK, "save_s": [node / 4e9] * 5,
+             "restore_s": [node / 8e9] * 5, "save_meta_s": 0.0, "restore_meta_s": 0.0, **shape}
+    return synthetic.write(tmp_path / name, synthetic.records(**shape))
 
 
 def test_results_are_scaled_to_the_target(run, tmp_path) -> None:
@@ -110,13 +111,66 @@ def test_results_are_scaled_to_the_target(run, tmp_path) -> None:
                     "--restart-overhead", "3min")
     assert payload["cost"]["save_s"] == pytest.approx(2e12 / 1.024e12)
     assert payload["cost"]["restore_s"] == pytest.approx(2e12 / 1.5e12 + 180)
-    assert payload["bandwidth"]["target_nodes"] == 256
-    assert "capped" in payload["bandwidth"]["assumption"]
-    # a number given directly wins over the measured one
+    job = payload["job_model"]
+    assert job["inputs"]["target"]["nodes"] == 256
+    assert job["restore"]["capped"] and not job["save"]["capped"]
+    assert any("capped at the aggregate ceiling" in a for a in job["assumptions"])
+    # a number given directly wins over the measured one; a measured restore gets the
+    # default restart overhead (issue 19: not 0)
     payload = _json(run, "--results", results, "--checkpoint-size", "2TB", "--gpus", "2048",
                     "--mtbf", "4h", "--save-seconds", "30")
     assert payload["cost"]["save_s"] == 30.0
-    assert payload["cost"]["restore_s"] == pytest.approx(2e12 / (8e9 * 256))
+    assert payload["cost"]["restore_s"] == pytest.approx(
+        2e12 / (8e9 * 256) + cadence.DEFAULT_RESTART_OVERHEAD_S)
+    assert payload["job_model"]["restart_overhead_source"] == cadence.RESTART_OVERHEAD_SOURCE
+
+
+def test_given_restore_keeps_its_meaning(run, tmp_path) -> None:
+    """--restore-seconds includes the restart (no default added); --restart-overhead adds."""
+    payload = _json(run, "--results", _results_file(tmp_path), "--checkpoint-size", "2TB",
+                    "--gpus", "2048", "--mtbf", "4h", "--restore-seconds", "100")
+    assert payload["cost"]["restore_s"] == 100.0
+    payload = _json(run, *DALY, "--mtbf", "4h", "--restart-overhead", "1min")
+    assert payload["cost"]["restore_s"] == 660.0
+    assert payload["job_model"] is None
+    payload = _json(run, "--results", _results_file(tmp_path, "zero.jsonl"), "--checkpoint-size",
+                    "2TB", "--gpus", "2048", "--mtbf", "4h", "--restart-overhead", "0s")
+    assert payload["cost"]["restore_s"] == pytest.approx(2e12 / (8e9 * 256))  # 0 is allowed
+
+
+def test_a_run_that_cannot_stand_for_the_job_is_refused(run, tmp_path) -> None:
+    """2 ranks per node, one iteration, for a job of 8 per node: refused in one line that
+    names the run to make; --force answers, with the warnings in the output."""
+    node = 2 * PER_RANK
+    results = _results_file(tmp_path, "small.jsonl", ranks_per_node=2, save_s=[node / 4e9],
+                            restore_s=[node / 8e9])
+    args = ("--results", results, "--checkpoint-size", "2TB", "--gpus", "2048", "--mtbf", "4h")
+    rc, out, err = run(*args)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptbench: error: --results")
+    assert "ranks per node: the run had 2, the target has 8" in lines[0]
+    assert "--ranks 0-7 --scale 1 --iterations 5" in lines[0] and "--force" in lines[0]
+    payload = _json(run, *args, "--force")
+    assert {w["check"] for w in payload["job_model"]["warnings"]} == {"ranks-per-node",
+                                                                      "iterations"}
+    rc, out, err = run(*args, "--force")
+    assert rc == 0, err
+    assert "warnings (used anyway: --force)" in out and "measure it with: ckptbench run" in out
+
+
+def test_a_sweep_answers_with_the_matching_point(run, tmp_path) -> None:
+    points = []
+    for k, rate in ((2, 3e9), (8, 4e9)):
+        name = f"rpn{k}.jsonl"
+        m = jobmodel.read_results(_results_file(
+            tmp_path, name, ranks_per_node=k, save_s=[k * PER_RANK / rate] * 5))
+        points.append(jobmodel.SweepPoint.of(m, name))
+    jobmodel.write_sweep(tmp_path / "sweep.jsonl", {"workload": "synthetic"}, points)
+    payload = _json(run, "--results", str(tmp_path / "sweep.jsonl"), "--checkpoint-size", "2TB",
+                    "--gpus", "2048", "--mtbf", "4h")
+    assert payload["job_model"]["inputs"]["measurement"]["ranks_per_node"] == 8
+    assert payload["cost"]["save_s"] == pytest.approx(2e12 / 1.024e12)
 
 
 def test_table_output(run, tmp_path) -> None:
@@ -124,14 +178,15 @@ def test_table_output(run, tmp_path) -> None:
                        "--gpus", "2048", "--failure-preset", "rsc1", "--gpu-hour-price", "2")
     assert rc == 0, err
     for text in ("Young (1974)", "Daly (2006)", "exact optimum", "goodput", "GPU-h lost/d",
-                 "cost/day", "bandwidth assumption", "per node", "x 256 nodes",
+                 "cost/day", "job model", "per node", "= 256 nodes x 8 ranks",
+                 "slowest of 256 nodes", "assumptions:", "restart overhead: 600 s",
                  "95 % goodput at 2048 GPUs needs saves of at most"):
         assert text in out
 
 
 def test_plot(run, tmp_path) -> None:
     path = tmp_path / "goodput.png"
-    rc, out, err = run(*DALY, "--mtbf", "6h", "--interval", "2h", "--plot", str(path))
+    rc, _out, err = run(*DALY, "--mtbf", "6h", "--interval", "2h", "--plot", str(path))
     assert rc == 0, err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
@@ -185,10 +240,8 @@ def test_bad_input_is_one_line_and_exit_2(run, args: list[str], message: str) ->
 
 
 def test_missing_measurements_in_results(run, tmp_path) -> None:
-    path = tmp_path / "saves-only.jsonl"
-    path.write_text(json.dumps({"type": "summary", "phase": "save", "bytes": 1e9, "seconds": 1.0,
-                                "throughput_bytes_per_s": 1e9, "ranks": 8, "nodes": 1}) + "\n")
-    rc, _, err = run("--results", str(path), "--checkpoint-size", "1TB", "--gpus", "8",
+    path = _results_file(tmp_path, "saves-only.jsonl", restore_s=None)
+    rc, _, err = run("--results", path, "--checkpoint-size", "1TB", "--gpus", "8",
                      "--mtbf", "2")
     assert rc == 2
     assert "no restore summary" in err

@@ -35,7 +35,7 @@ def test_warm_memory_option(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_warm("1GiB") == GIB
     with pytest.raises(SpecError, match="--warm-memory"):
         parse_warm("lots")
-    monkeypatch.setattr(machine_state, "mem_available", lambda: 20 * GIB)
+    monkeypatch.setattr(machine_state, "available_memory", lambda: 20 * GIB)
     assert warm_size(1 << 20) == 2 * (1 << 20) + GIB
     assert warm_size(1 << 50) == 10 * GIB  # half the available memory
     assert warm_size(1 << 50, reserve=2 * GIB) == 18 * GIB  # all of it but the reserve
@@ -127,7 +127,7 @@ def test_page_reporting_is_left_alone_unless_asked(tmp_path: Path,
     path = knob(tmp_path, monkeypatch, "9")
     backed: list[int] = []
     monkeypatch.setattr(machine_state, "warm_memory", backed.append)  # not the real GiBs
-    monkeypatch.setattr(machine_state, "mem_available", lambda: 20 * GIB)
+    monkeypatch.setattr(machine_state, "available_memory", lambda: 20 * GIB)
     ap = argparse.ArgumentParser()
     machine_state.add_reporting_option(ap)
     with machine_state.memory_for_run(ap.parse_args([]), GIB) as state:

@@ -90,7 +90,7 @@ def test_infinity_only_where_allowed() -> None:
     with pytest.raises(SpecError, match="--save-seconds 'inf': inf is not allowed here; "
                                         "allowed: a finite value > 0"):
         parse_duration("inf", "--save-seconds", "s")
-    with pytest.raises(SpecError, match="--mtbf must be > 0 .a bare number is in hours; inf"):
+    with pytest.raises(SpecError, match=r"--mtbf must be > 0 .a bare number is in hours; inf"):
         parse_duration("-inf", "--mtbf", "h", allow_inf=True)
 
 

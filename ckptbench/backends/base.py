@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -20,6 +21,17 @@ from ckptbench.errors import BackendError
 from ckptbench.redact import redact
 
 TARGET_MARKER = ".ckptbench-target"
+ATOMIC_TMP = ".ckptbench-tmp"
+
+
+def atomic_tmp(key: str) -> str:
+    """Where put_atomic writes `key` before the rename: a fixed name, so that a cleanup after
+    a crash knows it (the run's directories are its own, so two writers never share it)."""
+    return key + ATOMIC_TMP
+
+
+class NameTaken(BackendError):
+    """A directory a run wanted for itself exists already: it is never reused."""
 
 
 class WriteHandle(ABC):
@@ -137,7 +149,47 @@ class Backend(ABC):
 
     @abstractmethod
     def remove_tree(self, prefix: str) -> None:
-        """Delete everything under `prefix` (a checkpoint ckptbench wrote)."""
+        """Delete everything under `prefix`. For tests and tools: a run deletes what it
+        wrote by name (:meth:`delete`, :meth:`remove_dir`), never by listing a prefix."""
+
+    # --- what a run made, by name: a listing never decides what is deleted ---
+    def create_dir(self, key: str) -> None:
+        """Make `key` a new directory for this run alone (parents as needed); NameTaken when
+        it exists. A store without directories: NameTaken when anything is stored under
+        `key/` (nothing is created; the first object written claims it)."""
+        if self.list_names(key, 1):
+            raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses a "
+                            "directory")
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete these files or objects (written by this run; absent ones are fine). Best
+        effort, like a cleanup on the way out: failures are counted, never raised."""
+        raise BackendError(f"the {self.name} backend cannot delete by name (target "
+                           f"{self.target})")
+
+    def abort_uploads(self, keys: Sequence[str]) -> int:
+        """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
+        how many. Stores without them: 0."""
+        return 0
+
+    def pending_uploads(self, keys: Sequence[str]) -> int:
+        """How many unfinished uploads these keys have (reported before they are aborted)."""
+        return 0
+
+    def remove_dir(self, key: str) -> None:
+        """Remove directory `key` if it is empty (else leave it); stores without
+        directories: nothing to do."""
+        return None
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` files or objects under `prefix/` (relative to the target), for
+        reporting what is left there; never used to decide what to delete."""
+        return []
+
+    def run_dirs(self) -> list[str]:
+        """The directories (key prefixes) at the top of the target: where a later run looks
+        for what an interrupted run left."""
+        return []
 
     # --- one file, several writers (N-1): backends with capabilities.shared_file ---
     def create_shared(self, key: str, size: int) -> None:
@@ -190,9 +242,12 @@ class Backend(ABC):
         return {}
 
 
-def marker_bytes() -> bytes:
+def marker_bytes(created_target: bool = False) -> bytes:
+    """The target marker; `created_target`: ckptbench made the directory itself (so the
+    last run to leave it empty may remove it)."""
     return json.dumps({"created_by": "ckptbench", "version": __version__,
-                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "created_target": created_target}).encode()
 
 
 def foreign_target_error(target: str, example: str) -> BackendError:

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
+from ckptbench.backends.base import (
+    TARGET_MARKER,
+    Backend,
+    NameTaken,
+    ReadHandle,
+    WriteHandle,
+    atomic_tmp,
+    marker_bytes,
+)
 from ckptbench.backends.options import BackendOptions, IOHints, option
 from ckptbench.errors import BackendError
 
@@ -174,7 +181,7 @@ class FsspecBackend(Backend):
             raise
         except FileNotFoundError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every store's failures become one line
+        except Exception as exc:
             raise BackendError(f"{self.target}: {action}: {_reason(exc)}") from None
 
     def _mkdirs(self, path: str) -> None:
@@ -245,7 +252,7 @@ class FsspecBackend(Backend):
                 # One PUT (object stores) or one store assignment (memory): all or nothing.
                 self.fs.pipe_file(path, bytes(data))
                 return
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            tmp = atomic_tmp(path)
             try:
                 with self.fs.open(tmp, "wb") as f:
                     f.write(data)
@@ -272,6 +279,70 @@ class FsspecBackend(Backend):
             path = self._path(prefix)
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
+
+    # --- what a run made, by name ---
+    def create_dir(self, key: str) -> None:
+        path = self._path(key)
+        if self.flat:
+            super().create_dir(key)  # nothing stored under it, else NameTaken
+            return
+        parent = path.rsplit("/", 1)[0]
+        with self.calls(f"create {key}"):
+            if parent != path:
+                self.fs.makedirs(parent, exist_ok=True)
+            if self.fs.exists(path):
+                raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses "
+                                "a directory")
+            try:
+                self.fs.mkdir(path, create_parents=False)
+            except FileExistsError:
+                raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses "
+                                "a directory") from None
+        self._made.add(path)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(Exception):  # absent (or not ours to judge): left
+                path = self._path(key)
+                if self.fs.isfile(path):
+                    self.fs.rm_file(path)
+
+    def remove_dir(self, key: str) -> None:
+        if self.flat:
+            return
+        path = self._path(key)
+        with contextlib.suppress(Exception):
+            if self.fs.isdir(path) and not self.fs.ls(path, detail=False):
+                self.fs.rmdir(path)
+        self._made = {m for m in self._made if m != path and not m.startswith(path + "/")}
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        base = self._path(prefix)
+        strip = len(self.root.rstrip("/")) + 1
+        try:
+            with self.calls(f"list {prefix}"):
+                found = self.fs.find(base, withdirs=not self.flat, detail=True)
+        except (BackendError, FileNotFoundError):
+            return []
+        out = []
+        for found_name, info in sorted(found.items()):
+            path = self.fs._strip_protocol(found_name)
+            if info.get("type") == "directory":
+                if self.fs.ls(path, detail=False):
+                    continue  # listed through what is inside it
+                path += "/"
+            out.append(path[strip:])
+            if len(out) >= limit:
+                break
+        return out
+
+    def run_dirs(self) -> list[str]:
+        with self.calls("list the target"):
+            if not self.fs.exists(self.root):
+                return []
+            entries = self.fs.ls(self.root, detail=True)
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                      if e.get("type") == "directory")
 
     def drop_cache(self, keys: list[str]) -> str:
         if not self.local:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,8 +33,10 @@ from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
     Capabilities,
+    NameTaken,
     ReadHandle,
     WriteHandle,
+    atomic_tmp,
     foreign_target_error,
     marker_bytes,
 )
@@ -194,10 +198,16 @@ class LocalBackend(Backend):
             raise BackendError(f"target {root} is not a directory; allowed: a new or empty directory")
         if not root.exists():
             try:
-                root.mkdir(parents=True)
+                root.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise os_error(root.parent, exc) from None
+            try:
+                root.mkdir()
+                self.created_root = True
+            except FileExistsError:
+                pass  # another run created it just now: checked below like any existing target
             except OSError as exc:
                 raise os_error(root, exc) from None
-            self.created_root = True
         marker = root / TARGET_MARKER
         try:
             entries = [e for e in os.listdir(root) if e != TARGET_MARKER]
@@ -207,7 +217,10 @@ class LocalBackend(Backend):
             if entries:
                 raise foreign_target_error(str(root), sorted(entries)[0])
             try:
-                marker.write_bytes(marker_bytes())
+                with open(marker, "xb") as f:
+                    f.write(marker_bytes(self.created_root))
+            except FileExistsError:
+                pass  # another run marked this empty directory at the same moment
             except OSError as exc:
                 self._undo_root()
                 raise os_error(root, exc) from None
@@ -220,7 +233,10 @@ class LocalBackend(Backend):
                 self.root.rmdir()
 
     def release(self) -> None:
-        if not self.created_root:
+        """Remove the marker and the target when ckptbench made the target and nothing else
+        is left in it: this run made it, or the marker says ckptbench did (another run on
+        the same target made it and left first)."""
+        if not self.created_root and not self._marker_says_created():
             return
         try:
             if [e for e in os.listdir(self.root) if e != TARGET_MARKER]:
@@ -229,6 +245,12 @@ class LocalBackend(Backend):
             self.root.rmdir()
         except OSError:
             pass
+
+    def _marker_says_created(self) -> bool:
+        try:
+            return bool(json.loads((self.root / TARGET_MARKER).read_bytes()).get("created_target"))
+        except (OSError, ValueError, AttributeError):
+            return False
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:
@@ -267,13 +289,13 @@ class LocalBackend(Backend):
 
     def put_atomic(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        tmp = path.with_name(atomic_tmp(path.name))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 view = memoryview(data)
-                while len(view):
+                while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
@@ -297,6 +319,47 @@ class LocalBackend(Backend):
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists():
             path.unlink()
+
+    # --- what a run made, by name ---
+    def create_dir(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise NameTaken(f"{path}: already exists; ckptbench never reuses a directory") from None
+        except OSError as exc:
+            raise os_error(path, exc) from None
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(OSError):  # absent, or replaced by a directory: left
+                self._path(key).unlink()
+
+    def remove_dir(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # not empty (someone else's files), or absent
+            self._path(key).rmdir()
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        """Files under `prefix`, and directories with nothing in them (as 'name/')."""
+        base = self._path(prefix)
+        out: list[str] = []
+        for top, dirs, files in os.walk(base):
+            dirs.sort()
+            rel = Path(top).relative_to(self.root)
+            names = [str(rel / f) for f in sorted(files)]
+            if not files and not dirs and Path(top) != base:
+                names = [f"{rel}/"]
+            out += names[:limit - len(out)]
+            if len(out) >= limit:
+                break
+        return out
+
+    def run_dirs(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
 
     def drop_cache(self, keys: list[str]) -> str:
         """O_DIRECT needs nothing; else fadvise(DONTNEED) per file. Then, where the client

@@ -15,6 +15,7 @@ what a checkpoint's ranks in that process write: use it for small plans (``--sca
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
@@ -153,6 +154,20 @@ class MemoryBackend(Backend):
             objects = STORES.get(self.store_name, {})
             for key in [k for k in objects if k == base or k.startswith(base + "/")]:
                 del objects[key]
+
+    # --- what a run made, by name ---
+    def delete(self, keys: Sequence[str]) -> None:
+        with _LOCK:
+            objects = STORES.get(self.store_name, {})
+            for key in keys:
+                objects.pop(key, None)
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        base = prefix.strip("/") + "/"
+        return sorted(k for k in self.objects if k.startswith(base))[:limit]
+
+    def run_dirs(self) -> list[str]:
+        return sorted({k.split("/", 1)[0] for k in self.objects if "/" in k})
 
     def details(self) -> dict[str, Any]:
         return {"kept": "in this process's memory (one process: one rank or one MPI process)",

@@ -15,6 +15,7 @@ them, so use one node.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import Backend, Capabilities, ReadHandle, WriteHandle
@@ -91,6 +92,14 @@ class NullBackend(Backend):
         base = prefix.strip("/")
         for key in [k for k in self._small if k == base or k.startswith(base + "/")]:
             del self._small[key]
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._small.pop(key, None)
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        base = prefix.strip("/") + "/"
+        return sorted(k for k in self._small if k.startswith(base))[:limit]
 
     def stats(self) -> dict[str, int]:
         with self._lock:

@@ -18,17 +18,29 @@ def cli() -> None:
     \b
     ckptbench plan WORKLOAD             what each rank writes
     ckptbench run WORKLOAD --target DIR save and restore, measured
+    ckptbench restore CHECKPOINT        restore a kept checkpoint again, measured
     ckptbench report RESULTS            summarize a results file
+    ckptbench sweep WORKLOAD --target D the same run at 1, 2, 4, 8 ranks per node
     ckptbench cadence ...               optimal checkpoint interval against MTBF
+    ckptbench mlperf WORKLOAD --target D MLPerf Storage v2.0's way next to ckptbench's
     ckptbench backends                  storage backends, their capabilities and options
     """
 
 
 def _register() -> None:
     # Imported here so each command lives in its own module and the group stays thin.
-    from ckptbench.cli import backend_options, cadence_cmd, plan_cmd, run_cmd
+    from ckptbench.cli import (
+        backend_options,
+        cadence_cmd,
+        mlperf_cmd,
+        plan_cmd,
+        restore_cmd,
+        run_cmd,
+        sweep_cmd,
+    )
 
-    for module in (plan_cmd, run_cmd, cadence_cmd, backend_options):
+    for module in (plan_cmd, run_cmd, restore_cmd, sweep_cmd, cadence_cmd, mlperf_cmd,
+                   backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ckptbench import cadence
+from ckptbench import cadence, jobmodel
+from ckptbench.cli.output_file import check_output_path, write_output_file
 from ckptbench.errors import SpecError
-from ckptbench.spec import load_workload
-from ckptbench.units import format_duration, parse_duration, parse_fraction, parse_rate, parse_size
+from ckptbench.plan import Plan, build_plan
+from ckptbench.spec import Workload, load_workload
+from ckptbench.units import (
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_fraction,
+    parse_rate,
+    parse_size,
+)
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,21 +61,66 @@ def _preset_epilog() -> str:
     return "\n".join(lines)
 
 
-def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | None, Any]:
-    """Full-size checkpoint bytes of the target job and its workload (if given)."""
+def _measurements(results: tuple[Path, ...], sized: bool) -> list[jobmodel.Measurement]:
+    """The runs given with --results (sweep files expanded). Without --workload or
+    --checkpoint-size the target is the run's own job, so a file that is not there means
+    the target is unknown too: the error says both."""
+    missing = next((p for p in results if not p.is_file()), None)
+    if missing is not None and not sized:
+        raise SpecError(f"--results needs the target's size: give --workload or --checkpoint-size"
+                        f" (--results {missing}: no such file)")
+    return jobmodel.read_measurements(results)
+
+
+def _target_plan(workload_path: str | None, size: str | None,
+                 measured: list[jobmodel.Measurement]) -> tuple[float | None, Workload | None,
+                                                                Plan | None]:
+    """Full-size checkpoint bytes of the target job, its workload and plan (if known):
+    --workload, --checkpoint-size, or the measured run's own full-size workload."""
     if workload_path and size:
         raise SpecError("give either --workload or --checkpoint-size, not both")
     if size:
-        return parse_size(size, "--checkpoint-size", default_unit="GB"), None
-    if workload_path:
-        workload = load_workload(workload_path)
-        return float(cadence.workload_checkpoint_bytes(workload)), workload
-    return None, None
+        return parse_size(size, "--checkpoint-size", default_unit="GB"), None, None
+    workload = load_workload(workload_path) if workload_path else None
+    if workload is None and measured:
+        workload = measured[0].workload  # the run's own full-size job
+    if workload is None:
+        return None, None, None
+    plan = build_plan(workload)
+    return float(plan.total_bytes), workload, plan
+
+
+def _restart_overhead(text: str) -> float:
+    """--restart-overhead: a duration, or 0 (restarts cost nothing beyond the restore)."""
+    if re.fullmatch(r"\s*0*\.?0*\s*(ms|s|min|h|d)?\s*", text) and re.search(r"0", text):
+        return 0.0
+    return parse_duration(text, "--restart-overhead", "s")
+
+
+def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
+               checkpoint_bytes: float | None, gpus: int | None, gpus_per_node: int,
+               ceiling: float | None, workload_path: str | None, restart: float | None,
+               need_restore: bool, force: bool) -> jobmodel.JobEstimate:
+    """The whole job's C and R from the run whose ranks per node match the target's."""
+    if checkpoint_bytes is None:
+        raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
+    if gpus is None:
+        raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
+    target = jobmodel.from_plan(plan, gpus_per_node, gpus, ceiling, workload_path) \
+        if plan is not None else \
+        jobmodel.uniform("checkpoint", checkpoint_bytes, gpus, gpus_per_node, ceiling)
+    return jobmodel.estimate(
+        jobmodel.choose(measured, target.ranks_per_node), target,
+        restart_overhead_s=cadence.DEFAULT_RESTART_OVERHEAD_S if restart is None else restart,
+        restart_source=cadence.RESTART_OVERHEAD_SOURCE if restart is None else "given",
+        need_restore=need_restore, force=force)
 
 
 @click.command("cadence", epilog=_preset_epilog())
-@click.option("--results", type=click.Path(dir_okay=False, path_type=Path),
-              help="Results file of `ckptbench run`: measured save/restore throughput.")
+@click.option("--results", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Results file of `ckptbench run` or sweep file of `ckptbench sweep`, scaled to "
+                   "the target by the job model; repeatable: the run with the target's ranks "
+                   "per node is used.")
 @click.option("--workload", "workload_path", metavar="FILE",
               help="Target job's workload (model, layout, world size): checkpoint bytes and GPUs.")
 @click.option("--checkpoint-size", metavar="SIZE",
@@ -81,7 +136,9 @@ def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | 
 @click.option("--restore-seconds", metavar="DUR",
               help="Restore time (bare number: seconds); overrides the measured one.")
 @click.option("--restart-overhead", metavar="DUR",
-              help="Relaunch time added to every restore (scheduler, init; bare number: seconds).")
+              help="Relaunch time added to every restore (scheduler, init; bare number: seconds) "
+                   f"[default with --results: {cadence.DEFAULT_RESTART_OVERHEAD_S:g} s, see "
+                   "docs/cadence.md].")
 @click.option("--blocking-seconds", metavar="DUR",
               help="Asynchronous saves: the blocking part; the rest of the save time is the "
                    "persist time, a lower bound on the interval.")
@@ -98,21 +155,28 @@ def _target_bytes(workload_path: str | None, size: str | None) -> tuple[float | 
 @click.option("--target-goodput", default="95%", show_default=True,
               help="Inverse question: the save time and bandwidth that reach this goodput.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of goodput against interval, optimum marked.")
+              help="Write a PNG of goodput against interval, optimum marked (a new .png file).")
+@click.option("--force", is_flag=True,
+              help="Proceed where cadence refuses: use a measurement that cannot stand for the "
+                   "target (ranks per node, bytes per rank, tiny files, too few samples; its "
+                   "warnings are printed with the answer), and replace a file or link at --plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def cadence_command(results: Path | None, workload_path: str | None,
+def cadence_command(results: tuple[Path, ...], workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
                     aggregate_bandwidth: str | None, save_seconds: str | None,
                     restore_seconds: str | None, restart_overhead: str | None,
                     blocking_seconds: str | None, mtbf: str | None, failure_preset: str | None,
                     components: tuple[str, ...], interval: str | None,
                     gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
-                    as_json: bool) -> None:
+                    force: bool, as_json: bool) -> None:
     """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
 
-    C and R come from a results file scaled to the target job, or are given
-    directly; the job MTBF is given, or computed from a preset or component rates.
+    C and R come from a results file scaled to the target job by the job model (the
+    slowest of its nodes, the storage ceiling, metadata, restart), or are given directly;
+    the job MTBF is given, or computed from a preset or component rates.
     """
+    if plot is not None:
+        check_output_path(plot, "--plot", ".png", force)
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus = {gpus} must be an integer >= 1")
     if gpus_per_node < 1:
@@ -120,37 +184,26 @@ def cadence_command(results: Path | None, workload_path: str | None,
     if gpu_hour_price is not None and not (gpu_hour_price >= 0 and math.isfinite(gpu_hour_price)):
         raise SpecError(f"--gpu-hour-price = {gpu_hour_price} must be >= 0")
     target = parse_fraction(target_goodput, "--target-goodput")
-    checkpoint_bytes, workload = _target_bytes(workload_path, checkpoint_size)
+    measured = _measurements(results, bool(workload_path or checkpoint_size)) if results else []
+    checkpoint_bytes, workload, plan = _target_plan(workload_path, checkpoint_size, measured)
     if gpus is None and workload is not None:
         gpus = workload.parallel.world_size
     ceiling = parse_rate(aggregate_bandwidth, "--aggregate-bandwidth") \
         if aggregate_bandwidth else None
+    restart = _restart_overhead(restart_overhead) if restart_overhead else None
 
-    scaled = None
-    if results is not None and checkpoint_bytes is None:
-        workload = cadence.workload_from_results(results)  # the run's own full-size job
-        if workload is not None:
-            checkpoint_bytes = float(cadence.workload_checkpoint_bytes(workload))
-            if gpus is None:
-                gpus = workload.parallel.world_size
-    if results is not None:
-        if checkpoint_bytes is None:
-            raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
-        if gpus is None:
-            raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
-        scaled = cadence.scale_measurements(
-            cadence.summaries_from_results(results), checkpoint_bytes, gpus, gpus_per_node,
-            ceiling, source=f"--results {results}",
-        )
+    job = None
+    if measured and (save_seconds is None or restore_seconds is None):
+        job = _job_model(measured, plan, checkpoint_bytes, gpus, gpus_per_node, ceiling,
+                         workload_path, restart, need_restore=restore_seconds is None,
+                         force=force)
     save_s = parse_duration(save_seconds, "--save-seconds", "s") if save_seconds else (
-        scaled.save_s if scaled else None)
-    restore_s = parse_duration(restore_seconds, "--restore-seconds", "s") if restore_seconds \
-        else (scaled.restore_s if scaled else None)
+        job.save_s if job else None)
+    restore_s = parse_duration(restore_seconds, "--restore-seconds", "s") + (restart or 0.0) \
+        if restore_seconds else (job.restore_s if job else None)
     if save_s is None or restore_s is None:
         missing = "--save-seconds" if save_s is None else "--restore-seconds"
         raise SpecError(f"{missing} is required (or --results with measurements)")
-    if restart_overhead:
-        restore_s += parse_duration(restart_overhead, "--restart-overhead", "s")
     persist_s = 0.0
     if blocking_seconds:
         blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
@@ -182,7 +235,7 @@ def cadence_command(results: Path | None, workload_path: str | None,
         ),
     }
     if plot is not None:
-        _plot(plot, report)
+        _plot(plot, report, force)
     if as_json:
         payload = {
             "cost": asdict(cost),
@@ -190,12 +243,8 @@ def cadence_command(results: Path | None, workload_path: str | None,
             "mtbf_source": model.source,
             "gpus": gpus,
             "checkpoint_bytes": checkpoint_bytes,
-            "bandwidth": None if scaled is None else {
-                "assumption": scaled.assumption,
-                "save_bytes_per_s": scaled.save_bandwidth,
-                "restore_bytes_per_s": scaled.restore_bandwidth,
-                **scaled.details,
-            },
+            "job_model": None if job is None else {
+                **job.to_dict(), "measurements": [m.path for m in measured]},
             "failures_per_day": report.failures_per_day,
             "floor_s": report.floor_s,
             "floor_reason": report.floor_reason,
@@ -206,11 +255,11 @@ def cadence_command(results: Path | None, workload_path: str | None,
         }
         click.echo(json.dumps(_jsonable(payload), indent=2))
         return
-    _print_table(report, model, scaled, checkpoint_bytes, inverse, gpu_hour_price, plot)
+    _print_table(report, model, job, checkpoint_bytes, inverse, gpu_hour_price, plot)
 
 
 def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
-                 scaled: cadence.ScaledCost | None, checkpoint_bytes: float | None,
+                 job: jobmodel.JobEstimate | None, checkpoint_bytes: float | None,
                  inverse: dict[str, Any], price: float | None, plot: Path | None) -> None:
     from rich import box
     from rich.console import Console
@@ -227,8 +276,8 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     if cost.persist_s:
         line += f", persist {cost.persist_s:.3g} s (asynchronous)"
     console.print(line)
-    if scaled is not None:
-        console.print(f"bandwidth assumption: {scaled.assumption}")
+    if job is not None:
+        _print_job_model(console, job)
     if checkpoint_bytes:
         console.print(f"checkpoint size {checkpoint_bytes / 1e12:.4g} TB")
 
@@ -273,8 +322,47 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
         console.print(f"plot written to {plot}")
 
 
-def _plot(path: Path, report: cadence.CadenceReport) -> None:
-    """Goodput against interval on a log axis, the optimum and the user's interval marked."""
+def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
+    """The job model's inputs, its steps for save and restore, assumptions and warnings."""
+    m, t = job.measurement, job.target
+
+    def size(n: float) -> str:
+        return format_size(n, binary=False)
+
+    def say(text: str) -> None:  # long lines stay whole (logs, grep); no rich markup
+        console.print(text, markup=False, soft_wrap=True)
+
+    say(f"job model: {t.name}, {t.gpus:,} GPUs = {t.nodes:,} nodes x {t.ranks_per_node}"
+                  f" ranks, {size(t.total_bytes)}, {size(t.bytes_per_rank)} per rank")
+    say(f"  measured ({m.path}): {len(m.ranks)} ranks on {m.nodes} node(s),"
+                  f" {m.ranks_per_node} per node, {size(m.bytes_per_rank)} per rank, scale"
+                  f" {m.scale}, {m.save.iterations} iteration(s)")
+    for p in (job.save, job.restore):
+        if p is None:
+            continue
+        line = (f"  {p.phase}: per node {cadence.format_bandwidth(p.node_bandwidth)} (fit median,"
+                f" sigma {p.spread_sigma:.3g}, {p.samples} samples); median node"
+                f" {p.median_node_s:.3g} s, slowest of {t.nodes:,} nodes {p.slowest_node_s:.3g} s")
+        if p.ceiling_s is not None:
+            line += f", ceiling {p.ceiling_s:.3g} s" + (" (binding)" if p.capped else "")
+        line += f" + metadata {p.metadata_s:.3g} s"
+        if p.phase == "restore":
+            line += f" + restart {job.restart_overhead_s:.3g} s = {job.restore_s:.3g} s"
+        else:
+            line += f" = {p.total_s:.3g} s"
+        say(line)
+    say("  assumptions:")
+    for text in job.assumptions():
+        say(f"    - {text}")
+    if job.warnings:
+        say("  warnings (used anyway: --force):")
+        for w in job.warnings:
+            say(f"    ! {w.message}; measure it with: {w.command}")
+
+
+def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
+    """Goodput against interval on a log axis, the optimum and the user's interval marked;
+    written to a new file (or, with `force`, replacing what is at `path`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,10 +392,17 @@ def _plot(path: Path, report: cadence.CadenceReport) -> None:
                  f" restore {report.cost.effective_restore_s:.3g} s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")
+    save_figure(fig, path, force)
+
+
+def save_figure(fig: Any, path: Path, force: bool = False) -> None:
+    """Write a matplotlib figure for --plot to a new file (`force`: replacing what is at
+    `path`; one-line error if it cannot), then free it."""
+    import matplotlib.pyplot as plt
+
     try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    except OSError as exc:
-        raise SpecError(f"--plot {path}: cannot write ({exc.strerror})") from None
+        write_output_file(path, "--plot", force,
+                          lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
     finally:
         plt.close(fig)
 

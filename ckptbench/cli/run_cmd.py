@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,78 +19,38 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
-from ckptbench import report as report_mod
 from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
-from ckptbench.errors import CkptbenchError
+from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
-from ckptbench.plan import build_plan
+from ckptbench.plan import Plan, build_plan
+from ckptbench.plan.restore import restore_plan_of
+from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, parse_ranks, scaled
-from ckptbench.units import parse_size
+from ckptbench.units import parse_duration, parse_size
 
 
-def _gbps(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e9:.3f}"
+def width_options(f: Any) -> Any:
+    """--wide and --width: how wide the tables may be (default: the terminal's; 80 in a
+    pipe, as under mpirun)."""
+    f = click.option("--width", type=click.IntRange(min=40), default=None,
+                     help="Fit tables in this many columns [default: the terminal's, 80 in a pipe].")(f)
+    return click.option("--wide", is_flag=True,
+                        help="Tables as wide as they need (logs, pipes read later), never split.")(f)
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.2f}"
+class Stopped(CkptbenchError):
+    """The run was stopped by a signal, after removing what it wrote (exit 128 + signal)."""
 
-
-def wide_console() -> Console:
-    """A console that does not squeeze the results table when output is not a terminal."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
-
-
-def render_summary(console: Console, loaded: list[dict[str, Any]]) -> None:
-    table = Table(title="ckptbench results (throughput in GB/s = 1e9 B/s; median over iterations)")
-    for col in ("run", "phase", "iters", "GiB", "GB/s median", "min-max", "rank GB/s min",
-                "slowest rank s", "gap s", "op p50/p99 ms", "cache"):
-        table.add_column(col, justify="right" if col not in ("run", "phase", "cache") else "left")
-    for res in loaded:
-        name = res["run"].get("workload", {}).get("name", "?")
-        for s in res["summary"]:
-            op = "write" if s["phase"] == "save" else "read"
-            if op not in s["latency"] and f"{op}_shard" in s["latency"]:
-                op = f"{op}_shard"  # the zarr format
-            lat = s["latency"].get(op, {})
-            table.add_row(
-                name, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
-                _gbps(s["throughput_bytes_per_s"]),
-                f"{_gbps(s['throughput_min'])}-{_gbps(s['throughput_max'])}",
-                _gbps(s["rank_throughput_min_bytes_per_s"]), f"{s['slowest_rank_seconds_max']:.3f}",
-                f"{s['first_to_last_gap_s_median']:.3f}",
-                f"{op} {_ms(lat.get('p50_s'))}/{_ms(lat.get('p99_s'))}", str(s["cache"] or "-"),
-            )
-        for e in res["errors"]:
-            table.add_row(name, e["phase"], str(e["iteration"]), "", "FAILED", "", "", "", "", e["message"][:60], "")
-    console.print(table)
-    render_storage(console, loaded)
-
-
-def render_storage(console: Console, loaded: list[dict[str, Any]]) -> None:
-    """Logical vs stored bytes and throughput, for runs whose format records stored bytes."""
-    rows = [(res, s) for res in loaded for s in res["summary"] if "stored_bytes" in s]
-    if not rows:
-        return
-    table = Table(title="stored bytes (zarr: after the codec; GB/s median over iterations)")
-    for col in ("run", "phase", "codec", "logical GiB", "stored GiB", "ratio", "logical GB/s",
-                "stored GB/s"):
-        table.add_column(col, justify="left" if col in ("run", "phase", "codec") else "right")
-    for res, s in rows:
-        ratio = s.get("compression_ratio")
-        table.add_row(res["run"].get("workload", {}).get("name", "?"), s["phase"],
-                      str(res["run"].get("options", {}).get("codec", "-")),
-                      f"{s['bytes'] / 2**30:.3f}", f"{s['stored_bytes'] / 2**30:.3f}",
-                      "-" if ratio is None else f"{ratio:.3f}",
-                      _gbps(s["throughput_bytes_per_s"]), _gbps(s["stored_throughput_bytes_per_s"]))
-    console.print(table)
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @contextlib.contextmanager
@@ -104,6 +65,16 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
         yield
     except CkptbenchError as exc:
         raise SystemExit(exc.exit_code) from None
+
+
+def parse_stall_timeout(text: str) -> float:
+    """--stall-timeout: a duration, or off (0 means off too)."""
+    if text.strip().lower() in ("off", "0", "0s"):
+        return 0.0
+    return parse_duration(text, "--stall-timeout")
+
+
+RESTORE_PLANS = ("dcp", "files")
 
 
 @click.command("run")
@@ -124,6 +95,9 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 @click.option("--prefill", default="64MiB", show_default=True,
               help="Payload generated per rank before the clock starts (bounds memory).")
 @click.option("--keep", is_flag=True, help="Keep the checkpoints written (default: delete them).")
+@click.option("--clean-debris", is_flag=True,
+              help="Remove what interrupted runs left on the target (only the names each run "
+                   "recorded; without it, it is reported).")
 @click.option("--no-restore", is_flag=True, help="Measure saves only.")
 @click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: evict the checkpoint from caches before restoring.")
@@ -140,29 +114,72 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
 @click.option("--codec", default="none", show_default=True,
               help="zarr only: none, zstd[:level=N], lz4[:acceleration=N], blosc[:cname=C,clevel=N,"
                    "shuffle=byte|bit|none]; any takes inner_chunks=N (inner chunks per shard).")
+@click.option("--restore-plan", type=click.Choice(RESTORE_PLANS), default=None,
+              help="dcp: each rank of the restore layout reads what DCP's load planner gives "
+                   "it (replicas, resharding); files: each rank reads back its own files "
+                   "[default: dcp with --format raw, else files].")
+@restore_layout_options
+@click.option("--stall-timeout", default="120s", show_default=True,
+              help="Fail the run when a rank moves no byte for this long while saving or "
+                   "restoring (e.g. 30s, 10min; off: never). Raise it for very slow storage.")
 @backend_options
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as JSON, alone on stdout (progress and banner: stderr).")
+@width_options
 def run_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
                 threads: int | None, block_size: str, payload: str, seed: int,
-                prefill: str, keep: bool, no_restore: bool, cache: str, restore_shift: int | None,
-                results: str | None, launcher: str, fmt: str, codec: str, as_json: bool,
+                prefill: str, keep: bool, clean_debris: bool, no_restore: bool, cache: str, restore_shift: int | None,
+                results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
+                as_json: bool, wide: bool, width: int | None, restore_plan: str | None,
+                restore_world_size: int | None, restore_layout: str | None,
                 **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
     backend_flags = typed_backend_flags(click.get_current_context())
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     launch = open_launcher(launcher)
-    with quiet_unless_root(launch):  # under MPI only rank 0 prints
+    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
-             backend_flags, fmt=fmt, codec=codec)
+             backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
+             width=table.output_width(wide, width), clean_debris=clean_debris,
+             restore=RestoreChoice(restore_plan, restore_world_size, restore_layout))
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """The command line's restore plan and restore layout."""
+
+    plan: str | None = None
+    world_size: int | None = None
+    layout: str | None = None
+
+    def resolve(self, fmt: str) -> str:
+        """The restore plan to run: dcp for the raw format unless asked otherwise."""
+        if self.plan == "dcp" and fmt != "raw":
+            raise SpecError(f"--restore-plan dcp needs --format raw (--format {fmt} reads back "
+                            "its own files); allowed here: --restore-plan files")
+        return self.plan or ("dcp" if fmt == "raw" else "files")
+
+
+def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:
+    """Bytes one restore reads: the DCP plan's reads of the ranks that run, or the files."""
+    if restore_plan != "dcp":
+        return plan.bytes_of_ranks(selected)
+    rplan = restore_plan_of(plan)  # built here, before the processes fork: they share it
+    if len(selected) == plan.world_size:
+        return rplan.total_bytes
+    return rplan.bytes_of_ranks([r for r in selected if r < rplan.world_size])
 
 
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
-         codec: str = "none") -> None:
-    full = load_workload(workload)
+         codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
+         restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False) -> None:
+    full = apply_restore_layout(load_workload(workload), restore.world_size, restore.layout)
+    restore_plan = restore.resolve(fmt)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
     selected = parse_ranks(ranks, plan.world_size) if ranks else list(range(plan.world_size))
@@ -174,6 +191,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         restore=not no_restore, prefill_bytes=parse_size(prefill, "--prefill"), cache=cache,
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
+        stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -181,40 +199,75 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)
-    total = per_iter * iterations * (1 if no_restore else 2)
+    reads = 0 if no_restore else restore_bytes(plan, selected, restore_plan)
+    total = (per_iter + reads) * iterations
     console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
                      scale=scale, restore_shift_auto=restore_shift is None)
 
     def banner() -> None:
         click.echo(f"{full.name}: {len(selected)} of {plan.world_size} ranks, "
-                   f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}")
+                   f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}",
+                   err=True)  # stdout: the results alone
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                   transient=True, disable=not launch.root) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        outcome = measure(req, results_path, launch,
-                          on_progress=lambda n: progress.advance(task, n), on_start=banner)
+        try:
+            outcome = measure(req, results_path, launch,
+                              on_progress=lambda n: progress.advance(task, n), on_start=banner,
+                              on_notice=lambda line: console.print(
+                                  f"ckptbench: note: {line}", markup=False, highlight=False,
+                                  soft_wrap=True))
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP (runner.signals)
+            done = "kept what it finished" if keep else "removed what it wrote"
+            kept = f"; records so far: {results_path}" if results_path.exists() else ""
+            raise Stopped(f"stopped by {signal_name(exc)}: the run {done} on {target}{kept}",
+                          exit_status(exc)) from None
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
-    loaded = [outcome]
     if as_json:
-        click.echo(json.dumps({"results": str(results_path), "summary": loaded[0]["summary"]}, indent=2))
+        click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"]}, indent=2))
     else:
-        render_summary(wide_console(), loaded)
+        table.render_summary(table.console_for(width, plain=launch.kind == "mpi"), [outcome], width)
         click.echo(f"results: {results_path}")
 
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print summaries and per-iteration figures as JSON.")
-def report_command(results: tuple[str, ...], as_json: bool) -> None:
-    """Summarize one or more results files (several: side by side)."""
-    loaded = [report_mod.load(p) for p in results]
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report (figures inside) to this file.")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write each figure as a PNG into this directory.")
+@width_options
+def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
+                   plots_dir: str | None, wide: bool, width: int | None) -> None:
+    """Summarize one or more results files (several: side by side, labelled by the options
+    that differ); --html and --plots draw each run's timeline, throughput and latency."""
+    from ckptbench.report.data import load_runs
+
+    draw = bool(html_path or plots_dir)
+    runs = load_runs(results) if draw else []  # the op columns only when drawing
+    loaded = [r.view for r in runs] if draw else [load(p) for p in results]
     if as_json:
         click.echo(json.dumps([{k: v for k, v in r.items() if k != "run"} for r in loaded], indent=2))
-        return
-    render_summary(wide_console(), loaded)
+    else:
+        w = table.output_width(wide, width)
+        table.render_summary(table.console_for(w), loaded, w)
+    if draw:
+        from ckptbench.report import figures, html
+
+        for where, option in ((html_path and Path(html_path).parent, f"--html {html_path}:"),
+                              (plots_dir, "--plots")):
+            if where:
+                figures.output_dir(where, option)  # refused before minutes of drawing
+        drawn = figures.draw(runs)
+        if html_path:
+            click.echo(f"html report: {html.write_html(drawn, html_path)}", err=True)
+        if plots_dir:
+            for path in figures.write_plots(drawn, plots_dir):
+                click.echo(f"plot: {path}", err=True)
 
 
 COMMANDS = [run_command, report_command]

@@ -30,6 +30,7 @@ FORMATS: dict[str, str] = {
     "raw": "ckptbench.formats.raw:RawFormat",
     "zarr": "ckptbench.formats.zarr:ZarrFormat",
     "torch-dcp": "ckptbench.formats.torch_dcp:TorchDcpFormat",
+    "torch-save": "ckptbench.formats.torch_save:TorchSaveFormat",
 }
 
 __all__ = ["CODEC_NAMES", "FORMATS", "CodecSpec", "check_format", "open_format", "parse_codec"]

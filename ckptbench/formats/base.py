@@ -13,12 +13,14 @@ Contract of every format (the :class:`Format` protocol):
   each chunk's digest, the first error);
 * ``restore(jobs, manifest_key)``: ``group.barrier()``, read the manifest (timed: it is the
   restore's first step), read every job back and check each chunk against its digest;
-* ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore).
+* ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore);
+* ``written_names(plan, groups, options)`` (a classmethod): the names, relative to a
+  checkpoint directory, of everything all the run's processes write in one checkpoint;
+  the runner records them before the first write and deletes by them (never by listing).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -26,6 +28,8 @@ from typing import Any, ClassVar, Protocol
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
+from ckptbench.formats.manifest import check_size, read_manifest_bytes
+from ckptbench.formats.verify import parse_manifest
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
@@ -61,6 +65,15 @@ class FormatOptions:
     codec: str = "none"
 
 
+@dataclass(frozen=True)
+class ChunkRead:
+    """One saved chunk a restoring rank reads whole (a ranged read), and where its digest
+    sits in its file's manifest entry."""
+
+    region: Region  # the chunk's bytes, relative to the job's offset
+    digest: int  # index into the file's manifest "digests"
+
+
 @dataclass
 class FileJob:
     """One file of the plan (or one rank's region of a shared file), as a process writes
@@ -74,6 +87,10 @@ class FileJob:
     base: int  # payload stream key
     offset: int = 0  # where the job's bytes start in the file
     file_size: int = 0  # size of the whole file when several ranks share it, else 0
+    # A restore plan's job: the chunks `reader` reads from this file (`rank` wrote it),
+    # in order; None for a job that reads or writes the whole file.
+    reads: list[ChunkRead] | None = None
+    reader: int = -1
 
     @property
     def name(self) -> str:
@@ -92,6 +109,7 @@ class TimedOp:
     start_ns: int
     end_ns: int
     extra: dict[str, Any] | None = None
+    rank: int = -1  # the plan rank it was for, when not the file's writer (restore plans)
 
 
 @dataclass
@@ -100,12 +118,14 @@ class ThreadResult:
 
     ops: list[TimedOp] = field(default_factory=list)
     digests: dict[int, list[int]] = field(default_factory=dict)  # file index -> chunk digests
+    # metadata objects written (name relative to the checkpoint -> digest), for the manifest
+    objects: dict[str, int] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
     def op(self, op: str, file: int, nbytes: int, start_ns: int, end_ns: int,
-           extra: dict[str, Any] | None = None) -> None:
-        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra))
+           extra: dict[str, Any] | None = None, rank: int = -1) -> None:
+        self.ops.append(TimedOp(op, file, nbytes, start_ns, end_ns, extra, rank))
 
 
 def first_error(results: list[ThreadResult]) -> BaseException | None:
@@ -124,9 +144,37 @@ class Format(Protocol):
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]: ...
 
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]: ...
+
 
 def round_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+THREAD_BYTES = 256 << 10  # what a Python thread costs, about (stack pages, its state)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How one process sizes its I/O: the block rounded to the backend's alignment, and
+    threads and prefill per plan rank (a process running a group of plan ranks, MPI with
+    fewer processes than ranks, gets each rank's share)."""
+
+    align: int
+    block: int
+    nthreads: int
+    share: int  # payload bytes per thread made before the clock
+    nbuf: int  # buffers of a thread's ring when the prefill bounds it
+
+    @classmethod
+    def of(cls, options: FormatOptions, nranks: int, alignment: int) -> Sizing:
+        align = max(alignment, 1)
+        block = round_up(options.block_size, max(align, 8))
+        nthreads = max(1, options.threads) * max(1, nranks)
+        share = options.prefill_bytes * max(1, nranks) // nthreads
+        return cls(align, block, nthreads, share, max(2, share // block))
 
 
 class FormatBase:
@@ -134,6 +182,9 @@ class FormatBase:
     size rounded to the backend's alignment, threads and prefill per process."""
 
     name: ClassVar[str] = "?"
+    # progress(n) is called as bytes move (each block or chunk): the runner can watch for
+    # stalls; False when a format only learns of its bytes once a whole phase is done
+    streams_progress: ClassVar[bool] = True
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
@@ -144,14 +195,21 @@ class FormatBase:
         self.o = options
         self.progress = progress or (lambda n: None)
         self.gen = PayloadGenerator(options.payload, options.seed)
-        self.align = max(backend.alignment, 1)
-        self.block = round_up(options.block_size, max(self.align, 8))
-        # threads and prefill are per plan rank: a process running a group of plan ranks
-        # (MPI with fewer processes than ranks) gets each rank's share.
-        self.nthreads = max(1, options.threads) * max(1, len(ranks))
-        prefill = options.prefill_bytes * max(1, len(ranks))
-        self.share = prefill // self.nthreads  # payload bytes per thread made before the clock
-        self.nbuf = max(2, self.share // self.block)
+        size = Sizing.of(options, len(ranks), backend.alignment)
+        self.align, self.block, self.nthreads = size.align, size.block, size.nthreads
+        self.share, self.nbuf = size.share, size.nbuf
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """About the most memory one process running plan ranks `ranks` takes: the save's
+        payload buffers (the prefill, at least two blocks per thread), the restore's read
+        ring (two to four blocks per thread, faulted in before the clock), thread stacks.
+        The runner refuses a run whose processes on one host would not fit its memory."""
+        size = Sizing.of(options, len(ranks), alignment)
+        save = max(size.share, 2 * size.block) * size.nthreads
+        restore = max(2, min(size.nbuf, 4)) * size.block * size.nthreads
+        return max(save, restore) + 2 * size.nthreads * THREAD_BYTES
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
@@ -165,24 +223,40 @@ class FormatBase:
         """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
         return [j.key for j in jobs]
 
+    def _chunks_in_file(self, job: FileJob) -> int:
+        """Non-empty chunks of the job's file (the digests its manifest entry holds)."""
+        if job.reads is None:
+            return len(job.regions)
+        return sum(1 for c in self.plan.iter_chunks(job.index) if c.nbytes)
+
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """Every name, relative to the checkpoint directory, that the processes running plan
+        ranks `groups` (one list per process) write in one checkpoint, the runner's
+        manifest aside: what a cleanup deletes, by name. By default the plan's files."""
+        del options
+        ranks = sorted({r for g in groups for r in g})
+        return sorted({plan.file_paths[f] for r in ranks for f in plan.files_of_rank(r)})
+
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
                       ) -> tuple[dict[str, Any], tuple[int, int]]:
         """Read the commit manifest, timed (it is the restore's first step), and check it
-        covers `jobs` and was written in this format; refuse an uncommitted checkpoint."""
+        covers `jobs` and was written in this format; refuse an uncommitted checkpoint or
+        a manifest that does not hold what the restore needs (one line naming it)."""
         t0 = now()
         try:
-            manifest = json.loads(self.backend.get(manifest_key))
+            head, size = read_manifest_bytes(self.backend, manifest_key, self.block)
         except FileNotFoundError:
             raise VerificationError(
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
             ) from None
         t1 = now()
+        manifest = parse_manifest(manifest_key, head, jobs, self._chunks_in_file)
+        check_size(manifest_key, manifest, size)
         written = manifest.get("format", "raw")
         if written != self.name:
             raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")
-        for job in jobs:
-            if job.name not in manifest["files"]:
-                raise VerificationError(f"{job.name}: missing from the manifest {manifest_key}")
         return manifest, (t0, t1)
 
 

@@ -4,6 +4,7 @@ Per I/O thread a producer generates payload into a ring of aligned buffers (off 
 clock: the first buffers are filled before the barrier) and a writer times every
 open/write/fsync/close. Restore mirrors it: a reader fills the ring, a verifier checks
 each chunk's digest. Shared files (N-1) are created by process 0 before the barrier.
+A restore plan's ranged reads (DCP's load) are :class:`ckptbench.formats.ranged.RangedRestore`.
 """
 
 from __future__ import annotations
@@ -17,18 +18,47 @@ import numpy as np
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, now, round_up
 from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
-from ckptbench.payload import ChunkHasher, Region
+from ckptbench.formats.ranged import RangedRestore
+from ckptbench.formats.verify import describe_difference, first_difference
+from ckptbench.payload import ChunkHasher, PayloadGenerator, Region
 
 
 def by_size(job: FileJob) -> int:
     return job.size
 
 
-class RawFormat(FormatBase):
+class PlanBytes:
+    """One job's bytes as the plan lays them out, made block by block in order (save) or
+    checked as they are read (restore). Formats that wrap the plan's bytes in a container
+    of their own (torch-save) provide their own, with the same three methods."""
+
+    def __init__(self, job: FileJob, gen: PayloadGenerator) -> None:
+        self.job, self.gen = job, gen
+        self.hasher = ChunkHasher(job.regions)
+
+    def fill(self, off: int, buf: np.ndarray, n: int) -> None:
+        """The job's bytes [off, off + n) into buf (at least n rounded up to 8 long)."""
+        self.gen.fill(self.job.base, self.job.regions, off, buf[:round_up(n, 8)])
+        self.hasher.update(off, buf[:n])
+
+    def update(self, off: int, data: np.ndarray) -> str | None:
+        """Bytes read back at `off`: into the digests (a mismatch shows in digests())."""
+        self.hasher.update(off, data)
+        return None
+
+    def digests(self) -> list[int]:
+        return self.hasher.digests()
+
+
+class RawFormat(RangedRestore, FormatBase):
     """One process's share of a raw save or restore."""
 
     name: ClassVar[str] = "raw"
     _held: list[BufferRing] | None = None  # buffers kept until off the clock
+
+    def job_bytes(self, job: FileJob) -> PlanBytes:
+        """What makes and checks `job`'s bytes (see PlanBytes)."""
+        return PlanBytes(job, self.gen)
 
     def buffers_for(self, jobs: list[FileJob]) -> int:
         """Payload buffers for one writer thread. When the thread's whole payload fits its
@@ -45,7 +75,7 @@ class RawFormat(FormatBase):
     def _produce(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
         try:
             for j, job in enumerate(jobs):
-                hasher = ChunkHasher(job.regions)
+                source = self.job_bytes(job)
                 if job.size == 0:
                     ring.put((j, 0, None, 0, 0))
                 for off in range(0, job.size, self.block):
@@ -53,13 +83,10 @@ class RawFormat(FormatBase):
                     if i is None:
                         return
                     n = min(self.block, job.size - off)
-                    padded = round_up(n, self.align)
-                    buf = ring.buffers[i]
-                    self.gen.fill(job.base, job.regions, off, buf[:round_up(n, 8)])
-                    hasher.update(off, buf[:n])
-                    ring.put((j, off, i, n, padded))
-                res.digests[job.index] = hasher.digests()
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                    source.fill(off, ring.buffers[i], n)
+                    ring.put((j, off, i, n, round_up(n, self.align)))
+                res.digests[job.index] = source.digests()
+        except BaseException as exc:
             res.error = exc
             ring.stop()
         finally:
@@ -99,7 +126,7 @@ class RawFormat(FormatBase):
                     res.op("open", job.index, 0, t0, now())
                 if i is None:
                     continue
-                view = memoryview(ring.buffers[i])[:padded]  # type: ignore[arg-type]
+                view = memoryview(ring.buffers[i])[:padded]
                 t0 = now()
                 handle.write(view)
                 t1 = now()
@@ -109,7 +136,7 @@ class RawFormat(FormatBase):
             if handle is not None and res.error is None:
                 finish()
                 handle = None
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             ring.stop()
             if handle is not None:
@@ -123,7 +150,7 @@ class RawFormat(FormatBase):
         try:
             for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
                 self.backend.create_shared(key, size)
-        except BaseException as exc:  # noqa: BLE001 - raised after the barrier all take
+        except BaseException as exc:
             return exc
         return None
 
@@ -186,7 +213,7 @@ class RawFormat(FormatBase):
                     t0 = now()
                     handle.close()
                     res.op("close", job.index, 0, t0, now())
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
             ring.stop()
         finally:
@@ -194,44 +221,53 @@ class RawFormat(FormatBase):
 
     def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
                 res: ThreadResult) -> None:
-        hashers: dict[int, ChunkHasher] = {}
+        checks: dict[int, PlanBytes] = {}
         try:
             while True:
                 item = ring.take()
                 if item is None:
                     break
                 j, off, i, n = item
-                h = hashers.setdefault(j, ChunkHasher(jobs[j].regions))
-                h.update(off, ring.buffers[i][:n])
+                h = checks.get(j)
+                if h is None:
+                    h = checks[j] = self.job_bytes(jobs[j])
+                bad = h.update(off, ring.buffers[i][:n])
+                if bad:
+                    res.mismatches.append(bad)
                 ring.give_back(i)
             for j, job in enumerate(jobs):
                 if res.error is not None:
                     break
-                h = hashers.get(j) or ChunkHasher(job.regions)
+                h = checks.get(j) or self.job_bytes(job)
                 want = expected[job.name]["digests"]
                 for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
                     if got_d != want_d:
                         res.mismatches.append(self._locate(job, region))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             res.error = res.error or exc
             ring.stop()
 
     def _locate(self, job: FileJob, region: Region) -> str:
-        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock)."""
+        """Name the chunk, file and first differing byte (re-reads the chunk, off the clock);
+        or say the bytes are intact and it is the recorded digest that differs."""
         n = region.end - region.start
         expected = self.gen.expected(job.base, region)
         start = region.start // self.align * self.align
-        buf = aligned_buffer(round_up(region.end - start, self.align) + self.align)
+        span = round_up(region.end - start, self.align)
+        buf = aligned_buffer(span + self.align)
         handle = self.backend.open_read(job.key)
         try:
-            got = handle.readinto(job.offset + start, memoryview(buf)[:round_up(region.end - start, self.align)])  # type: ignore[arg-type]
+            got = handle.readinto(job.offset + start, memoryview(buf)[:span])  # type: ignore[arg-type]
         finally:
             handle.close()
-        data = buf[region.start - start:region.start - start + n]
-        differ = np.flatnonzero(data[:max(0, got - (region.start - start))] != expected[:got])
-        first = int(differ[0]) if len(differ) else min(n, max(0, got - (region.start - start)))
-        return (f"chunk {region.key} in {job.key}: bytes differ from offset "
-                f"{job.offset + region.start + first} (chunk byte {first} of {n})")
+        lead = region.start - start
+        data = buf[lead:lead + max(0, min(n, got - lead))]
+        where = f"chunk {region.key} in {job.key}"
+        first = first_difference(data, expected)
+        if first is not None and first < len(data):
+            return (f"{where}: bytes differ from offset {job.offset + region.start + first} "
+                    f"(chunk byte {first} of {n})")
+        return f"{where}: {describe_difference(data, expected)}"
 
     def restore(self, jobs: list[FileJob], manifest_key: str
                 ) -> tuple[list[ThreadResult], tuple[int, int]]:

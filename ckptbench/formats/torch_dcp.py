@@ -43,16 +43,18 @@ from ckptbench.formats.common import (
     chunk_tasks,
     manifest_name,
 )
+from ckptbench.formats.verify import check_object, describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
 
 DCP_DIR = "dcp"
+DCP_METADATA = f"{DCP_DIR}/.metadata"
 
 
 def _import_torch() -> Any:
     try:
         import torch
-        import torch.distributed.checkpoint  # noqa: F401
+        import torch.distributed.checkpoint
     except ImportError as exc:
         raise SpecError(f"--format torch-dcp needs torch ({exc}); install it with "
                         "pip install 'ckptbench[torch]'; allowed without it: --format raw, zarr"
@@ -144,11 +146,18 @@ class TorchDcpFormat(FormatBase):
     """The Format contract (save, restore, cache_keys) through DCP's own writer and reader."""
 
     name: ClassVar[str] = "torch-dcp"
+    streams_progress: ClassVar[bool] = False  # one op per phase: not watched for stalls
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
         super().check(plan, ranks, codec)
         check_plan(plan, ranks)
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound it)."""
+        return super().memory_bytes(plan, ranks, options, alignment) + plan.bytes_of_ranks(ranks)
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
@@ -209,6 +218,18 @@ class TorchDcpFormat(FormatBase):
                                 world_size=self.group.size)
         self._pg_ready = True
 
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """DCP's files: process p writes ``__p_k.distcp`` for each of its writer threads
+        (--threads per plan rank), process 0 the ``.metadata`` (through ``.metadata.tmp``)."""
+        del plan
+        names = [f"{DCP_DIR}/.metadata", f"{DCP_DIR}/.metadata.tmp"]
+        for p, group in enumerate(groups):
+            threads = max(1, options.threads) * max(1, len(group))
+            names += [f"{DCP_DIR}/__{p}_{k}.distcp" for k in range(threads)]
+        return names
+
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         if not jobs:
             return []
@@ -254,7 +275,7 @@ class TorchDcpFormat(FormatBase):
             with warnings.catch_warnings():  # object stores: the completed PUT is the sync
                 warnings.filterwarnings("ignore", message="fsync not supported")
                 dcp.save(state, storage_writer=writer, planner=planner)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
         t1 = now()
         res.op("dcp_save", jobs[0].index, total, t0, t1, {"object": f"{DCP_DIR}/"})
@@ -263,7 +284,43 @@ class TorchDcpFormat(FormatBase):
         for t, _data, d in arrays:
             digests[t.job.index][t.region] = d
         res.digests = digests
+        if res.error is None and self.group.rank == 0:  # DCP's index, verified at restore
+            try:
+                res.objects = {DCP_METADATA: object_digest(
+                    self.backend.get(f"{ckpt}/{DCP_METADATA}"))}
+            except BaseException as exc:  # reported to the group
+                res.error = exc
         return [res]
+
+    def _check_metadata(self, ckpt: str, manifest_key: str, manifest: dict[str, Any]) -> None:
+        """DCP's .metadata (the index a loader follows: dtypes, shapes, where each chunk
+        lies) must be the one written."""
+        key = f"{ckpt}/{DCP_METADATA}"
+        try:
+            data: bytes | None = self.backend.get(key)
+        except FileNotFoundError:
+            data = None
+        check_object(manifest_key, manifest, DCP_METADATA, key, data)
+
+    def _open_checkpoint(self, ckpt: str, manifest_key: str, jobs: list[FileJob]
+                         ) -> tuple[dict[str, Any], tuple[int, int]]:
+        """The manifest, and DCP's .metadata checked by process 0; every process raises the
+        first failure together, before DCP's collective load, so none waits in it for a
+        process that gave up."""
+        manifest: dict[str, Any] = {}
+        span = (0, 0)
+        problem: BaseException | None = None
+        try:
+            manifest, span = self.read_manifest(manifest_key, jobs)
+            if self.group.rank == 0:
+                self._check_metadata(ckpt, manifest_key, manifest)
+        except BaseException as exc:  # agreed on below
+            problem = exc
+        problems = self.group.gather(problem)
+        problem = self.group.bcast(next((p for p in problems or [] if p is not None), None))
+        if problem is not None:
+            raise problem
+        return manifest, span
 
     # --- restore ---
     def restore(self, jobs: list[FileJob], manifest_key: str
@@ -271,9 +328,9 @@ class TorchDcpFormat(FormatBase):
         import torch.distributed.checkpoint as dcp
 
         self.group.barrier()
-        manifest, (t0, t1) = self.read_manifest(manifest_key, jobs)
-        expected = manifest["files"]
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
+        manifest, (t0, t1) = self._open_checkpoint(ckpt, manifest_key, jobs)
+        expected = manifest["files"]
         tasks = chunk_tasks(self.plan, jobs)
         state, arrays = self._state_dict(tasks, fill=False)
         _, planner = _planners()
@@ -282,7 +339,7 @@ class TorchDcpFormat(FormatBase):
         a = now()
         try:
             dcp.load(state, storage_reader=self._reader(ckpt), planner=planner)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = exc
         b = now()
         res.op("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"})
@@ -292,9 +349,8 @@ class TorchDcpFormat(FormatBase):
                 got = data.reshape(-1).view(np.uint8)
                 if digest(got) != expected[manifest_name(t.job)]["digests"][t.region]:
                     want, _ = chunk_bytes(self.gen, t, data.dtype)
-                    differ = np.flatnonzero(got != np.ascontiguousarray(want).reshape(-1).view(np.uint8))
                     res.mismatches.append(
                         f"chunk {self.plan.keys[t.key].name} at offsets {list(t.offsets)} "
-                        f"(DCP {ckpt}/{DCP_DIR}): bytes differ from chunk byte "
-                        f"{int(differ[0]) if len(differ) else 0} of {t.nbytes}")
+                        f"(DCP {ckpt}/{DCP_DIR}): "
+                        + describe_difference(got, np.ascontiguousarray(want).reshape(-1).view(np.uint8)))
         return [res], (t0, t1)

@@ -8,6 +8,7 @@ One module per concern: ``sharding`` (torch.chunk arithmetic), ``mesh``, ``fsdp`
 
 from __future__ import annotations
 
+from ckptbench.plan.bounds import check_plan_size
 from ckptbench.plan.core import MANIFEST_NAME, PLAN_SCHEMA, ChunkView, Plan, StateKey
 from ckptbench.spec import Workload
 
@@ -15,6 +16,8 @@ __all__ = ["MANIFEST_NAME", "PLAN_SCHEMA", "ChunkView", "Plan", "StateKey", "bui
 
 
 def build_plan(workload: Workload) -> Plan:
+    """Every chunk each rank writes; refused first if it would be too big to plan."""
+    check_plan_size(workload)
     if workload.parallel.layout == "megatron-deepspeed":
         from ckptbench.plan.megatron import build_megatron_plan
 

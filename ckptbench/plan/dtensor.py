@@ -9,6 +9,8 @@ picks the writer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ckptbench.models import TensorDef, model_tensors
@@ -54,7 +56,7 @@ class _Items:
         self.holders.append(holders)
 
 
-def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh):
+def piece_groups(t: TensorDef, w: Workload, mesh: StageMesh) -> Any:
     """Distinct pieces of one parameter over its stage, and which ranks hold each."""
     p = w.parallel
     splits = ep_splits(t, p.ep, mesh.shard) + tp_splits(t, p.tp, mesh.tp)
@@ -80,7 +82,7 @@ def _piece_groups(t: TensorDef, w: Workload, mesh: StageMesh):
 
 
 def _add_entry(items: _Items, keys: list[StateKey], entry: StateEntry, t: TensorDef,
-               geometry: tuple, mesh: StageMesh) -> None:
+               geometry: tuple[Any, ...], mesh: StageMesh) -> None:
     ndim = 0 if entry.scalar else len(t.shape)
     keys.append(StateKey(entry.name, entry.dtype, () if entry.scalar else t.shape))
     kid = len(keys) - 1
@@ -102,11 +104,11 @@ def build_dtensor_plan(w: Workload) -> Plan:
     keys: list[StateKey] = []
     # Model entries of every parameter first, then optimizer entries, so that sorting a
     # rank's items by key id gives DCP's flattening order.
-    geometries: list[tuple[TensorDef, StageMesh, tuple]] = []
+    geometries: list[tuple[TensorDef, StageMesh, tuple[Any, ...]]] = []
     for stage, tensors in enumerate(by_stage):
         mesh = stage_mesh(p, stage)
         for t in tensors:
-            geometry = _piece_groups(t, w, mesh)
+            geometry = piece_groups(t, w, mesh)
             geometries.append((t, mesh, geometry))
             _add_entry(items, keys, model_entry(t, w.state), t, geometry, mesh)
     for t, mesh, geometry in geometries:
@@ -142,7 +144,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
 
     # Stream order: by first holder, then plan order (key id) within the holder's plan.
     order = np.lexsort((key, first))
-    holder_index = _gather_ranges(holder_ptr, order)
+    holder_index = gather_ranges(holder_ptr, order)
     counts_sorted = count[order]
     ptr_sorted = np.concatenate([[0], np.cumsum(counts_sorted)])
     writer = assign_writers(first[order], ptr_sorted, holders[holder_index], weight[order],
@@ -191,7 +193,7 @@ def build_dtensor_plan(w: Workload) -> Plan:
                     checkpoint_dir="checkpoint-{step}")
 
 
-def _gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
+def gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Concatenate ranges [ptr[i], ptr[i+1]) for i in order, vectorized."""
     starts = ptr[order]
     lengths = ptr[order + 1] - starts
@@ -199,4 +201,5 @@ def _gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
     out_ptr = np.concatenate([[0], np.cumsum(lengths)])
     idx = np.arange(total, dtype=np.int64)
     seg = np.repeat(np.arange(len(order)), lengths)
-    return starts[seg] + (idx - out_ptr[seg])
+    out: np.ndarray = starts[seg] + (idx - out_ptr[seg])
+    return out

@@ -2,7 +2,8 @@
 
 A DTensor ``Shard(d)`` over ``k`` ranks cuts dimension ``d`` into pieces of
 ``ceil(n / k)``; the last pieces are smaller or empty. DTensor reports an empty piece at
-offset ``n`` (the end of the dimension), and DCP keys chunks by offset, so we do too.
+offset ``n`` (the end of the global dimension, even inside a TP block: torch 2.15's
+``_get_shard_size_and_offsets``), and DCP keys chunks by offset, so we do too.
 Splits compose: a later split cuts the *local* extent left by the earlier ones (FSDP2 on
 top of tensor parallel cuts each TP piece again, DTensor's strided sharding).
 """
@@ -40,7 +41,9 @@ def chunk_geometry(
         start = full * split.index
         empty = start >= local
         piece = np.where(empty, 0, np.minimum(local, start + full) - start)
-        offsets[:, split.dim] += np.where(empty, local, start)
+        # torch 2.15 places an empty piece at the end of the *global* dimension, also
+        # when an earlier split (TP) left a block that ends inside the tensor
+        offsets[:, split.dim] = np.where(empty, shape[split.dim], offsets[:, split.dim] + start)
         sizes[:, split.dim] = piece
     return offsets, sizes
 
@@ -49,4 +52,5 @@ def numel(sizes: np.ndarray, ndim: int) -> np.ndarray:
     """Elements per row of a sizes array, counting only the tensor's real dimensions."""
     if ndim == 0:
         return np.ones(len(sizes), dtype=np.int64)
-    return np.prod(sizes[:, :ndim], axis=1)
+    out: np.ndarray = np.prod(sizes[:, :ndim], axis=1)
+    return out

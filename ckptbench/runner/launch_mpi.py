@@ -35,6 +35,7 @@ from ckptbench.runner.comm import Comm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.session import Launcher, Progress, Topology
+from ckptbench.runner.stall import StallWatch
 
 # Environment variables that say "started by an MPI launcher", with the world size.
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -198,7 +199,8 @@ class MPIComm(Comm):
         table = self.bcast(table)
         if apply:
             self._offset = next(n["clock_offset_ns"] for n in table if n["host"] == self._host)
-        return table
+        nodes: list[dict[str, Any]] = table
+        return nodes
 
 
 class MPILauncher(Launcher):
@@ -268,12 +270,14 @@ class MPILauncher(Launcher):
             if factor:
                 def scaled(k: int) -> None:
                     progress(int(k * factor))
+        watch = StallWatch(req.options.stall_timeout, _exit_stalled,
+                           f"MPI rank {comm.rank} on {comm.host()}")
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
-                           scaled)
+                           scaled, watch, req.names)
         except RunFailed:
             raise
-        except BaseException as exc:  # noqa: BLE001 - not a collective decision: stop all
+        except BaseException as exc:
             _die(comm, exc)
             raise
 
@@ -287,6 +291,17 @@ class MPILauncher(Launcher):
 
     def barrier(self) -> None:
         self.comm.barrier()
+
+    def share(self, value: Any) -> Any:
+        return self.comm.bcast(value)
+
+
+def _exit_stalled(message: str) -> None:
+    """A stalled rank prints why and exits: only the main thread may call MPI (funneled),
+    and a rank that exits makes mpirun/srun end the job (no hang)."""
+    sys.stderr.write(f"ckptbench: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _die(comm: MPIComm, exc: BaseException) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptbench.backends import Backend
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
 from ckptbench.spec import Workload
+
+if TYPE_CHECKING:
+    from ckptbench.runner.cleanup import RunNames
 
 
 def new_run_id() -> str:
@@ -32,9 +35,24 @@ class RunOptions:
     restore_shift: int = 0  # read the files of rank (r + shift) % world (IOR -C)
     format: str = "raw"  # raw | zarr | torch-dcp (ckptbench.formats)
     codec: str = "none"  # zarr only: NAME[:k=v,...] (ckptbench.formats.codecs)
+    stall_timeout: float = 120.0  # s without a byte moved while saving/restoring; 0: off
+    # dcp: each rank of the restore layout reads what DCP's load planner reads (raw format);
+    # files: each rank reads back the files it wrote, whole
+    restore_plan: str = "dcp"
+    # `ckptbench restore`: restore this kept checkpoint (key prefix) instead of saving one;
+    # the iteration it was saved as (its payload's stream keys)
+    checkpoint: str = ""
+    checkpoint_iteration: int = 1
+    clean_debris: bool = False  # remove what interrupted runs left on the target (by name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def uses_restore_plan(self) -> bool:
+        """Restores run the DCP restore plan: asked for, and the raw format (the others
+        read back their own files)."""
+        return self.restore and self.restore_plan == "dcp" and self.format == "raw"
 
     def format_options(self) -> FormatOptions:
         return FormatOptions(threads=self.threads, block_size=self.block_size,
@@ -53,3 +71,5 @@ class RunRequest:
     # options.restore_shift was not given: 0 locally and on one node, the plan ranks per
     # node under MPI on several nodes (so no node reads back what it wrote).
     restore_shift_auto: bool = False
+    # Every name the run writes (the session fills it in on the process that cleans up).
+    names: RunNames | None = None

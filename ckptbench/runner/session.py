@@ -2,8 +2,10 @@
 
 results sink -> topology (which process runs which plan ranks, on which host, on whose
 clock) -> the target prepared (process 0 first; under MPI every process checks it sees the
-same target) -> striping -> the run record -> the iterations (runner.driver) on every
-process -> the end clock -> cleanup of what the run created -> release.
+same target) -> debris of interrupted runs reported (or removed) -> the run's directory
+claimed and its intent recorded (runner.cleanup) -> striping -> the run record -> the
+iterations (runner.driver) on every process -> the end clock -> cleanup of what the run
+wrote, by name -> release.
 
 A :class:`Launcher` supplies what differs between local processes and MPI ranks: the
 topology, how the processes agree on an error, and how the iteration loop is started on
@@ -20,11 +22,27 @@ from typing import Any
 import numpy as np
 
 from ckptbench.backends import Backend
-from ckptbench.errors import CkptbenchError, RunFailed
+from ckptbench.errors import CkptbenchError, RunFailed, describe_error
 from ckptbench.plan import Plan
+from ckptbench.plan.export import restore_summary
 from ckptbench.plan.export import summary as plan_summary
-from ckptbench.records import SCHEMA, ClockRecord, JsonlSink, environment
+from ckptbench.plan.restore import restore_plan_of
+from ckptbench.records import SCHEMA, ClockRecord, ErrorRecord, JsonlSink, environment
+from ckptbench.runner.cleanup import (
+    PROBE,
+    SHOWN,
+    Debris,
+    RunNames,
+    claim,
+    handle_debris,
+    keep_run,
+    remove_run,
+    run_names,
+    write_intent,
+)
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.resources import check_options, resource_error
+from ckptbench.runner.signals import signal_name
 
 Progress = Callable[[int], None]
 
@@ -75,6 +93,10 @@ class Launcher(ABC):
 
     def barrier(self) -> None:
         return None
+
+    def share(self, value: Any) -> Any:
+        """Collective: process 0's `value` on every process (the run id it claimed)."""
+        return value
 
 
 def check_supported(plan: Plan, backend: Backend, restore: bool = False,
@@ -146,6 +168,8 @@ def run_record(req: RunRequest, launcher: str, extra: dict[str, Any]) -> dict[st
         "scale": req.scale,
         "run_workload": req.plan.workload.to_dict(),
         "plan": plan_summary(req.plan),
+        "restore": (restore_summary(restore_plan_of(req.plan)) if req.options.uses_restore_plan
+                    else {"source": "files"}),
         "ranks": req.ranks,
         "bytes_per_iteration": req.plan.bytes_of_ranks(req.ranks),
         "options": req.options.to_dict(),
@@ -154,30 +178,52 @@ def run_record(req: RunRequest, launcher: str, extra: dict[str, Any]) -> dict[st
     }
 
 
-def _prepare(req: RunRequest, launcher: Launcher, topo: Topology,
-             sink: JsonlSink | None) -> dict[str, Any]:
-    """Collective: the results file and the target, process 0 first; the striping record.
+Notice = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    names: RunNames  # the run id as claimed
+    striping: dict[str, Any]
+    debris: Debris | None
+
+
+def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSink | None,
+             names: RunNames | None) -> _Prepared:
+    """Collective: the results file and the target, process 0 first: the target checked and
+    marked, debris of earlier runs looked for (and removed with --clean-debris), the run's
+    directory claimed and its intent written before anything else, the striping record.
     On failure everything done here is undone on the way out."""
-    backend, run_id = req.backend, req.options.run_id
-    probe = f"{run_id}/.ckptbench-probe"
+    backend = req.backend
     multi_node = topo.nodes > 1
-    opened = prepared = False
+    opened = False
+    claimed: RunNames | None = None
     striping: dict[str, Any] = {}
+    debris: Debris | None = None
+    run_id = req.options.run_id
+    probe = f"{run_id}/{PROBE}"
     try:
         error: BaseException | None = None
         if launcher.root:
+            assert names is not None
             try:
                 if sink is not None:
                     sink.open()
                     opened = True
                 backend.prepare()
-                prepared = True
+                debris = handle_debris(backend, req.options.clean_debris)
+                run_id = claim(backend, run_id)
+                claimed = names = replace(names, run_id=run_id)
+                write_intent(backend, names)
+                probe = f"{run_id}/{PROBE}"
                 striping = striping_record(backend, req.plan, run_id)
                 if multi_node:
                     backend.put_atomic(probe, topo.hosts[0].encode())
-            except BaseException as exc:  # noqa: BLE001 - agreed on below
+            except BaseException as exc:
                 error = exc
         launcher.agree(error, "preparing the target")
+        run_id = launcher.share(run_id)
+        probe = f"{run_id}/{PROBE}"
         if launcher.prepares_everywhere and not launcher.root:
             try:
                 backend.prepare()
@@ -186,7 +232,7 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology,
                         f"target {backend.target} is not shared with {topo.hosts[0]} (rank 0 "
                         "wrote a file there that this node does not see); allowed: a file "
                         "system or object store every node reaches")
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 error = exc
         launcher.agree(error, "checking the target")
     except BaseException:
@@ -194,52 +240,97 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology,
             sink.close()
             if opened:
                 sink.path.unlink(missing_ok=True)  # nothing ran: no results file
-        if prepared:
-            backend.remove_tree(run_id)
+        if claimed is not None:
+            remove_run(backend, claimed)
         backend.release()
         raise
     if launcher.root and multi_node:
-        backend.remove_tree(probe)
-    return striping
+        backend.delete([probe])
+    final = names if names is not None else RunNames(run_id, (), ())
+    return _Prepared(replace(final, run_id=run_id), striping, debris)
+
+
+def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | None,
+            notice: Notice) -> None:
+    """Process 0, last: --keep keeps the finished checkpoints; otherwise everything the run
+    wrote is removed by name (unfinished uploads too unless it ended cleanly) and what is left
+    there, someone else's, is reported. Never raises over the run's own outcome."""
+    backend = req.backend
+    where = f"{backend.target.rstrip('/')}/{names.run_id}"
+    try:
+        if req.options.keep:
+            keep_run(backend, names, clean)
+            return
+        # A clean end: each iteration removed its checkpoint (the driver), by the same names.
+        left = remove_run(backend, names, uploads=not clean, checkpoints=not clean)
+    except (CkptbenchError, OSError) as exc:
+        notice(f"cleaning up {where} failed: {describe_error(exc)[1]}; a later run reports "
+               "what is left and removes it with --clean-debris")
+        return
+    if sink is not None:
+        sink.write({"type": "cleanup", "run_id": names.run_id, "left": left})
+        sink.flush()
+    if left:
+        more = "" if len(left) < SHOWN else " and more"
+        notice(f"left in place in {where}: {', '.join(left)}{more} (not written by this run; "
+               "ckptbench deletes only what it wrote)")
 
 
 def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
                 on_progress: Progress | None = None,
-                on_start: Callable[[], None] | None = None) -> RunFailed | None:
+                on_start: Callable[[], None] | None = None,
+                on_notice: Notice | None = None) -> RunFailed | None:
     """Run `req` on `launcher`'s processes, records to `sink` (process 0's; None elsewhere).
 
     Returns the failure that stopped the run (its records are in the sink), or None. The
     sink stays open for the caller to append the summary; `on_start` is called on process
-    0 once the target and the results file are known to be usable.
+    0 once the target and the results file are known to be usable; `on_notice` gets the
+    one-line notes for the user (debris found or removed, files left in place).
     """
+    check_options(req)
+    notice: Notice = on_notice or (lambda line: None)
     topo = launcher.topology(req)
     check_supported(req.plan, req.backend, req.options.restore, len(topo.groups))
+    launcher.agree(resource_error(req, topo), "checking the memory the run needs")
     shift = restore_shift(req, topo, launcher.kind)
     req = replace(req, options=replace(req.options, run_id=topo.run_id,
                                        restore_shift=shift["value"]))
-    striping = _prepare(req, launcher, topo, sink)
+    names = run_names(req.plan, req.options, topo.groups) if launcher.root else None
+    prepared = _prepare(req, launcher, topo, sink, names)
+    names = prepared.names
+    req = replace(req, options=replace(req.options, run_id=names.run_id),
+                  names=names if launcher.root else None)
+    if prepared.debris is not None:
+        notice(prepared.debris.line(req.backend.target))
     if launcher.root and on_start:
         on_start()
     failure: RunFailed | None = None
+    clean = False
     try:
         if sink is not None:
+            extra = {"debris": prepared.debris.record()} if prepared.debris else {}
             sink.write(run_record(req, launcher.kind, {
-                "striping": striping, "restore_shift": shift, **topo.extra,
-                "clock": topo.clock}))
+                "striping": prepared.striping, "restore_shift": shift, **topo.extra,
+                "clock": topo.clock, **extra}))
             sink.flush()
         try:
             launcher.run(req, topo, sink, on_progress)
         except RunFailed as exc:
             failure = exc
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (runner.signals)
+            if sink is not None:
+                sink.write(ErrorRecord(0, "run", "interrupted", f"stopped by {signal_name(exc)}"))
+            raise
         end = launcher.end_clock(topo)
         if sink is not None:
             if end is not None:
                 sink.write(end)
             sink.flush()
         launcher.barrier()
+        clean = failure is None
     finally:
-        if launcher.root and not req.options.keep:
-            req.backend.remove_tree(req.options.run_id)
+        if launcher.root:
+            _finish(req, names, clean, sink, notice)
         launcher.barrier()
         req.backend.release()
     return failure

@@ -96,7 +96,7 @@ def start(cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
           cwd: str | Path | None = None, stdout: int | IO[Any] | None = subprocess.PIPE,
           stderr: int | IO[Any] | None = subprocess.PIPE) -> subprocess.Popen[str]:
     """Popen in a new process group, with the death signal armed (see the module)."""
-    return subprocess.Popen(  # noqa: S603 - the harness's own tools, no shell
+    return subprocess.Popen(
         list(cmd), env=None if env is None else dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
         stdout=stdout, stderr=stderr, text=True, start_new_session=True,
         preexec_fn=_death_signal())  # noqa: PLW1509 - prctl only, resolved before the fork

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ckptbench.backends import Backend
-from ckptbench.backends.base import TARGET_MARKER
+from ckptbench.backends.base import TARGET_MARKER, NameTaken
 from ckptbench.errors import BackendError
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
@@ -181,6 +181,35 @@ class BackendConformance:
         backend.remove_tree("run-10")
         backend.remove_tree("other")
         assert self.listing(target) == [TARGET_MARKER]
+
+    # --- removing by name: what a run wrote, never someone else's ---
+    def test_create_dir_never_reuses_a_name(self, target: str, backend: Backend) -> None:
+        backend.create_dir("run-a")
+        write_object(backend, "run-a/ck/x", b"x")
+        with pytest.raises(NameTaken) as err:
+            backend.create_dir("run-a")
+        assert "run-a" in str(err.value) and "\n" not in str(err.value)
+        backend.create_dir("run-a-2")  # a name that only starts alike is free
+        assert "run-a" in backend.run_dirs()
+        backend.delete(["run-a/ck/x"])
+        for d in ("run-a/ck", "run-a", "run-a-2"):
+            backend.remove_dir(d)
+        assert self.listing(target) == [TARGET_MARKER]
+
+    def test_delete_by_name_leaves_foreign_files(self, target: str, backend: Backend) -> None:
+        backend.create_dir("run-b")
+        for key in ("run-b/ck/a", "run-b/ck/sub/b"):
+            write_object(backend, key, key.encode())
+        self.put_foreign(target, "run-b/ck/theirs.txt", b"not ours")
+        self.put_foreign(target, "run-b/ck/sub/c", b"not ours either")
+        backend.delete(["run-b/ck/a", "run-b/ck/sub/b", "run-b/ck/never-written"])
+        for d in ("run-b/ck/sub", "run-b/ck", "run-b"):
+            backend.remove_dir(d)  # none is empty: all stay
+        assert self.listing(target) == sorted([TARGET_MARKER, "run-b/ck/sub/c",
+                                               "run-b/ck/theirs.txt"])
+        assert sorted(backend.list_names("run-b", 10)) == ["run-b/ck/sub/c", "run-b/ck/theirs.txt"]
+        assert len(backend.list_names("run-b", 1)) == 1
+        backend.remove_tree("run-b")
 
     # --- the target: ours or refused ---
     def test_prepare_adopts_a_new_target_and_release_undoes_it(self, target: str) -> None:

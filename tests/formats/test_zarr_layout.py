@@ -44,7 +44,7 @@ def test_fsdp_tp_chunks_are_one_shard_each() -> None:
         k = key_index(plan, c.key)
         pieces = lay.pieces(k, c.offsets, c.sizes)
         assert len(pieces) == 1, c
-        coords, _src, valid = pieces[0]
+        _coords, _src, valid = pieces[0]
         assert valid == c.sizes
         if c.sizes:
             assert lay.shard_shape(k) == tuple(
@@ -91,7 +91,7 @@ def test_too_many_shards_per_chunk_is_one_line() -> None:
 
 def test_megatron_plans_are_refused() -> None:
     plan = build_plan(load_workload(ROOT / "workloads" / "mlperf-llama3-8b.toml"))
-    with pytest.raises(SpecError, match="tile each tensor exactly.*overlap.*megatron"):
+    with pytest.raises(SpecError, match=r"tile each tensor exactly.*overlap.*megatron"):
         ZarrLayout(plan, parse_codec("none"))
 
 

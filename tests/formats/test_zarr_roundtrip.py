@@ -113,7 +113,8 @@ def engine_run(tmp_path: Path, codec: str = "none") -> tuple[ZarrFormat, list, s
     results = engine.save(jobs)
     assert all(r.error is None for r in results)
     digests = {f: d for r in results for f, d in r.digests.items()}
-    manifest = {"format": "zarr", "files": manifest_files(plan, ckpt, digests)}
+    objects = {k: d for r in results for k, d in r.objects.items()}
+    manifest = {"format": "zarr", "files": manifest_files(plan, ckpt, digests), "objects": objects}
     backend.put_atomic(f"{ckpt}/.metadata", json.dumps(manifest).encode())
     return engine, jobs, ckpt, f"{ckpt}/.metadata"
 

@@ -249,8 +249,8 @@ def torch_save_length(pickle_length: int, data_bytes: int | None) -> int:
         records.append(("data/0", data_bytes))
     records += [("version", 2), (".data/serialization_id", 40)]
     pos = central = 0
-    for name, size in records:
-        name = "archive/" + name
+    for entry, size in records:
+        name = "archive/" + entry
         z64 = size >= 0xFFFFFFFF or pos >= 0xFFFFFFFF
         zip64_extra = (4 + 16 * (size >= 0xFFFFFFFF) + 8 * (pos >= 0xFFFFFFFF)) if z64 else 0
         header = pos + 30 + len(name) + zip64_extra

@@ -19,6 +19,7 @@ from ckptbench.backends.base import Backend
 from ckptbench.backends.local import LocalBackend, LocalOptions, apply_striping, striping_command
 from ckptbench.errors import BackendError, SpecError
 from ckptbench.formats.base import file_jobs, manifest_files
+from ckptbench.formats.manifest import parse_manifest
 from ckptbench.measure import measure
 from ckptbench.plan import build_plan
 from ckptbench.plan.files import SHARED_FILE_NAME, plan_layout, region_layout
@@ -166,7 +167,7 @@ def test_shared_file_round_trip_end_to_end(tmp_path):
         plan = build_plan(load_workload(workload))
         layout = plan_layout(plan)
         assert (ckpt / "checkpoint.bin").stat().st_size == layout.shared_size["checkpoint.bin"]
-        manifest = json.loads((ckpt / ".metadata").read_text())
+        manifest = parse_manifest((ckpt / ".metadata").read_bytes())
         assert len(manifest["files"]) == 4
         recs = [json.loads(x) for x in results.read_text().splitlines()]
         restore = [x for x in recs if x["type"] == "phase" and x["phase"] == "restore"]

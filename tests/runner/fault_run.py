@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, run_cmd  # noqa: E402
-from tests.faults import DyingBackend  # noqa: E402
+from ckptbench.cli import main, run_cmd
+from tests.faults import DyingBackend
 
 
 def install(die_file: str | None, die_after: int, hosts: list[str] | None) -> None:

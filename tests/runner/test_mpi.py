@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.errors import SpecError
+from ckptbench.formats.manifest import parse_manifest
 from ckptbench.plan import build_plan
 from ckptbench.runner.launch_mpi import choose_launcher, launched_size, split_ranks
 from ckptbench.runner.session import auto_restore_shift
@@ -38,7 +39,7 @@ _skip_without_mpi = pytest.mark.skipif(MPIRUN is None or not HAVE_MPI4PY,
                                        reason="needs mpirun and mpi4py")
 
 
-def needs_mpi(test):  # noqa: ANN001, ANN201 - a pytest decorator
+def needs_mpi(test):
     return pytest.mark.mpi(_skip_without_mpi(test))
 
 
@@ -98,7 +99,7 @@ def files_of(target: Path) -> dict[str, tuple[int, str]]:
 
 def manifest_entries(target: Path) -> dict[str, dict]:
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
-    m = json.loads((run_dir / "checkpoint-1" / ".metadata").read_text())
+    m = parse_manifest((run_dir / "checkpoint-1" / ".metadata").read_bytes())
     strip = len(run_dir.name) + 1
     return {k[strip:]: {**v, **({"path": v["path"][strip:]} if "path" in v else {})}
             for k, v in m["files"].items()}
@@ -156,15 +157,16 @@ def test_auto_restore_shift_reads_on_another_node():
 
 @needs_mpi
 def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner(tmp_path):
-    common = ["--keep", "--block-size", "1MiB"]
+    # each rank reads back what it wrote (the DCP restore plan under MPI: further down)
+    common = ["--keep", "--block-size", "1MiB", "--restore-plan", "files"]
     lr, _ = local(str(TINY), "--target", str(tmp_path / "local"), "--results",
                   str(tmp_path / "local.jsonl"), *common)
     assert lr.returncode == 0, lr.stderr
     mr, _ = mpirun(4, str(TINY), "--target", str(tmp_path / "mpi"), "--results",
                    str(tmp_path / "mpi.jsonl"), *common)
     assert mr.returncode == 0, mr.stderr
-    # Only MPI rank 0 prints: one banner, one table, one results line.
-    assert mr.stdout.count("results: ") == 1 and mr.stdout.count("tiny: 4 of 4 ranks") == 1
+    # Only MPI rank 0 prints: one banner (on stderr), one table, one results line.
+    assert mr.stdout.count("results: ") == 1 and mr.stderr.count("tiny: 4 of 4 ranks") == 1
     lrec, mrec = records(tmp_path / "local.jsonl"), records(tmp_path / "mpi.jsonl")
     assert lrec[0]["launcher"] == "local" and mrec[0]["launcher"] == "mpi"
     assert mrec[0]["mpi"]["groups"] == [[0], [1], [2], [3]]
@@ -180,6 +182,28 @@ def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner
     # Timestamps are on one time base: every rank's save starts after the same barrier.
     starts = [r["start_ns"] for r in mrec if r["type"] == "rank" and r["phase"] == "save"]
     assert max(starts) - min(starts) < 5e9
+
+
+@needs_mpi
+@pytest.mark.parametrize(("layout", "ranks"), [("world_size=2,tp=1", 2),
+                                               ("world_size=8,dp_replicate=2", 8)])
+def test_mpi_restores_onto_another_layout_read_for_read(tmp_path, layout, ranks):
+    """4 MPI processes save tiny, then the restore layout's ranks (2: FSDP2; 8: HSDP, two
+    per process) read what DCP's load planner gives them, verified chunk by chunk."""
+    from tests.runner.test_restore_run import measured_reads, planned_reads
+
+    results = tmp_path / "r.jsonl"
+    r, _ = mpirun(4, str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
+                  "--restore-layout", layout)
+    assert r.returncode == 0, r.stderr
+    recs = records(results)
+    (phase,) = [x for x in recs if x["type"] == "phase" and x["phase"] == "restore"]
+    assert phase["verified"] and phase["restore_world_size"] == ranks
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
+    assert measured_reads(recs) == planned_reads(overrides)
+    processes = {x["rank"]: x["process"] for x in recs
+                 if x["type"] == "rank" and x["phase"] == "restore"}
+    assert sorted(processes) == list(range(ranks)) and set(processes.values()) <= {0, 1, 2, 3}
 
 
 @needs_mpi
@@ -236,7 +260,7 @@ def test_explicit_restore_shift_is_recorded_as_given(tmp_path):
 
 @needs_mpi
 def test_more_processes_than_plan_ranks_is_one_line_from_rank_0(tmp_path):
-    r, elapsed = mpirun(8, str(TINY), "--target", str(tmp_path / "t"))
+    r, _elapsed = mpirun(8, str(TINY), "--target", str(tmp_path / "t"))
     assert r.returncode == 2
     lines = [x for x in r.stderr.splitlines() if x.startswith("ckptbench: error:")]
     assert lines == ["ckptbench: error: the MPI launcher started 8 processes but the run has "

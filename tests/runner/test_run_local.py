@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.backends.local import LocalBackend, LocalOptions
+from ckptbench.formats.manifest import parse_manifest
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink, read_records
 from ckptbench.runner.comm import SingleComm
@@ -68,7 +68,7 @@ def test_keep_leaves_a_committed_checkpoint_matching_the_plan(tmp_path):
     plan = build_plan(load_workload(TINY))
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
     ckpt = run_dir / "checkpoint-1"
-    manifest = json.loads((ckpt / ".metadata").read_text())
+    manifest = parse_manifest((ckpt / ".metadata").read_bytes())
     assert manifest["schema"] == "ckptbench.manifest/1"
     for f, size in zip(plan.file_paths, plan.file_bytes.tolist(), strict=True):
         assert (ckpt / f).stat().st_size == size
@@ -180,7 +180,9 @@ def test_full_disk_fails_cleanly_and_keeps_finished_iterations(tmp_path):
                       "--results", str(results))
         assert r.returncode == 2, r.stderr
         assert "no space left on the device" in r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        banner, *rest = [line for line in r.stderr.splitlines() if line]  # banner: stderr
+        assert banner.startswith("tiny: 4 of 4 ranks") and len(rest) == 1
+        assert "Traceback" not in r.stderr
         recs = records(results)
         done = {x["iteration"] for x in recs if x["type"] == "phase" and x["ok"]}
         assert 1 in done

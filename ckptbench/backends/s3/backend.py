@@ -15,9 +15,18 @@ Retries use botocore's ``standard`` mode; each retried request is counted, by re
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from ckptbench.backends.base import TARGET_MARKER, Backend, ReadHandle, WriteHandle, marker_bytes
+from ckptbench.backends.base import (
+    TARGET_MARKER,
+    Backend,
+    NameTaken,
+    ReadHandle,
+    WriteHandle,
+    marker_bytes,
+)
 from ckptbench.backends.options import IOHints
 from ckptbench.backends.s3.client import ProcessState, S3Clients
 from ckptbench.backends.s3.errors import (
@@ -30,6 +39,8 @@ from ckptbench.backends.s3.options import MAX_PARTS, MIB, S3Options, parse_targe
 from ckptbench.backends.s3.reader import S3Reader
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
+
+UPLOAD_PAGES = 10  # of 1,000 unfinished uploads each, listed when cleaning up
 
 
 class S3Backend(Backend):
@@ -81,7 +92,7 @@ class S3Backend(Backend):
             yield
         except BackendError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+        except Exception as exc:
             if not (is_boto_error(exc) or is_connection_error(exc)):
                 raise
             if is_connection_error(exc):
@@ -114,7 +125,7 @@ class S3Backend(Backend):
         if not self.created_marker:
             return
         base = f"{self.prefix}/" if self.prefix else ""
-        client = self._client("quick" if self._proc().dead else "main")
+        client = self._cleanup_client()
         try:
             with self.calls("release the target"):
                 listing = client.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=3)
@@ -124,6 +135,11 @@ class S3Backend(Backend):
                 self.created_marker = False
         except BackendError:
             self._proc().count("cleanup_errors")
+
+    def _cleanup_client(self) -> Any:
+        """Cleanup (deletes, aborts) is bounded: short timeouts, and one try once the
+        endpoint has stopped answering, so a frozen server cannot hold a run's exit."""
+        return self._client("last" if self._proc().dead else "quick")
 
     def _head(self, key: str, action: str) -> bool:
         from botocore.exceptions import ClientError
@@ -171,7 +187,7 @@ class S3Backend(Backend):
         if not prefix.strip("/") or exact == self.marker_key:
             raise BackendError(f"{self.target}: refusing to remove the whole target")
         base = exact + "/"
-        client = self._client("quick" if self._proc().dead else "main")
+        client = self._cleanup_client()
         try:
             with self.calls(f"remove {prefix}"):
                 pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
@@ -187,12 +203,108 @@ class S3Backend(Backend):
                             batch = []
                 if batch:
                     self._delete(client, batch)
-                uploads = client.list_multipart_uploads(Bucket=self.bucket, Prefix=base)
-                for up in uploads.get("Uploads", []):
-                    client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
-                                                  UploadId=up["UploadId"])
+                for key, upload_id in self._uploads_under(client, base):
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=key,
+                                                  UploadId=upload_id)
         except BackendError:
             self._proc().count("cleanup_errors")
+
+    def _uploads_under(self, client: Any, base: str) -> list[tuple[str, str]]:
+        """(key, upload id) of the unfinished multipart uploads under `base`. MinIO takes
+        a prefix for this listing as an exact object name, so when the prefixed listing
+        is empty the bucket's own is filtered instead (at most UPLOAD_PAGES pages)."""
+        found = self._list_uploads(client, base)
+        if not found:
+            found = [u for u in self._list_uploads(client, "") if u[0].startswith(base)]
+        return found
+
+    def _list_uploads(self, client: Any, prefix: str) -> list[tuple[str, str]]:
+        args = {"Bucket": self.bucket, **({"Prefix": prefix} if prefix else {})}
+        pages = client.get_paginator("list_multipart_uploads").paginate(**args)
+        out: list[tuple[str, str]] = []
+        for n, page in enumerate(pages):
+            out += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+            if n + 1 >= UPLOAD_PAGES:
+                break
+        return out
+
+    # --- what a run made, by name ---
+    def create_dir(self, key: str) -> None:
+        with self.calls(f"check {key}"):
+            listing = self._client("main").list_objects_v2(
+                Bucket=self.bucket, Prefix=self._key(key) + "/", MaxKeys=1)
+        if listing.get("Contents"):
+            raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses a "
+                            "key prefix")
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """DeleteObjects by name, 1,000 keys a request; failures counted (cleanup_errors)."""
+        client = self._cleanup_client()
+        names = [self._key(k) for k in keys]
+        try:
+            with self.calls("remove the run's objects"):
+                for i in range(0, len(names), 1000):
+                    self._delete(client, [{"Key": k} for k in names[i:i + 1000]])
+        except BackendError:
+            self._proc().count("cleanup_errors")
+
+    def _uploads_of(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        """(key, upload id) of every unfinished upload of `keys`. Listed key by key: MinIO
+        lists the uploads of one exact key for a prefix, so a prefix listing would miss
+        them; a few requests in parallel."""
+        client = self._cleanup_client()
+
+        def one(key: str) -> list[tuple[str, str]]:
+            full = self._key(key)
+            with self.calls(f"list the uploads of {key}"):
+                resp = client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
+            return [(u["Key"], u["UploadId"]) for u in resp.get("Uploads", [])
+                    if u["Key"] == full]
+
+        if not keys:
+            return []
+        with ThreadPoolExecutor(max(1, min(self.concurrency, 16, len(keys)))) as pool:
+            return [u for found in pool.map(one, keys) for u in found]
+
+    def pending_uploads(self, keys: Sequence[str]) -> int:
+        try:
+            return len(self._uploads_of(keys))
+        except BackendError:
+            self._proc().count("cleanup_errors")
+            return 0
+
+    def abort_uploads(self, keys: Sequence[str]) -> int:
+        client = self._cleanup_client()
+        aborted = 0
+        try:
+            for key, upload_id in self._uploads_of(keys):
+                with self.calls(f"abort the upload of {key}"):
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+                aborted += 1
+        except BackendError:
+            self._proc().count("cleanup_errors")
+        return aborted
+
+    def list_names(self, prefix: str, limit: int) -> list[str]:
+        base = self._key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            with self.calls(f"list {prefix}"):
+                listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
+                                                                 MaxKeys=limit)
+        except BackendError:
+            return []
+        return [o["Key"][strip:] for o in listing.get("Contents", [])]
+
+    def run_dirs(self) -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        out: list[str] = []
+        with self.calls("list the target"):
+            pages = self._client("main").get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base, Delimiter="/")
+            for page in pages:
+                out += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        return sorted(out)
 
     def _delete(self, client: Any, batch: list[dict[str, str]]) -> None:
         resp = client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})

@@ -83,11 +83,18 @@ class Resolved:
     addressing_style: str
 
 
+# kind -> (connect timeout s, read timeout s, attempts) of the clients other than 'main'
+SHORT_CLIENTS = {
+    "quick": (2.0, 10.0, 2),  # probing the target; every cleanup call (delete, abort)
+    "last": (2.0, 5.0, 1),  # cleanup once the endpoint stopped answering: one quick try
+}
+
+
 class S3Clients:
     """This process's session and clients for one backend: 'main' (the configured retries
-    and timeouts) or 'quick' (2 attempts, 2 s to connect: probing the target, cleaning up
-    after a failure). The connection pool is sized for `io_threads` runner threads each
-    with `concurrency` requests in flight."""
+    and timeouts), 'quick' (probing the target and cleaning up: bounded even when the
+    endpoint stops answering) or 'last' (cleanup after it did). The connection pool is
+    sized for `io_threads` runner threads each with `concurrency` requests in flight."""
 
     def __init__(self, options: S3Options, io_threads: int) -> None:
         self.options = options
@@ -141,7 +148,8 @@ class S3Clients:
         from botocore.config import Config
 
         o = self.options
-        quick = kind == "quick"
+        connect, read, attempts = SHORT_CLIENTS.get(
+            kind, (float(o.connect_timeout), float(o.read_timeout), o.max_attempts))
         s3cfg: dict[str, Any] = {"addressing_style": r.addressing_style}
         if o.payload_signing != "auto":
             s3cfg["payload_signing_enabled"] = o.payload_signing == "on"
@@ -153,11 +161,10 @@ class S3Clients:
             # saved fell from 0.69 to 0.65 s here (docs/s3.md): CPU a small server gets back.
             user_agent=user_agent(),
             parameter_validation=False,
-            connect_timeout=2.0 if quick else float(o.connect_timeout),
-            read_timeout=10.0 if quick else float(o.read_timeout),
+            connect_timeout=min(connect, float(o.connect_timeout)),
+            read_timeout=min(read, float(o.read_timeout)),
             # total_max_attempts counts the first try; botocore's max_attempts counts retries.
-            retries={"mode": "standard",
-                     "total_max_attempts": min(2, o.max_attempts) if quick else o.max_attempts},
+            retries={"mode": "standard", "total_max_attempts": min(attempts, o.max_attempts)},
             request_checksum_calculation=o.checksum,
             response_checksum_validation=o.checksum,
             s3=s3cfg,

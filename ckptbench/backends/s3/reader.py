@@ -76,7 +76,7 @@ class S3Reader(ReadHandle):
                                    "range (sent more than asked); allowed: an S3 API with ranged GET")
             try:
                 return _read_body(resp["Body"], view[:length])
-            except Exception as exc:  # noqa: BLE001 - a dropped body: retry like botocore
+            except Exception as exc:
                 if not is_connection_error(exc) or attempt >= b.max_attempts:
                     if is_connection_error(exc):
                         b._proc().dead = True

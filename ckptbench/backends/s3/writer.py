@@ -138,7 +138,7 @@ class S3Writer(WriteHandle):
             done: Future[dict[str, Any]] = Future()
             try:
                 done.set_result(self._upload_part(number, body, n, pooled))
-            except BaseException as exc:  # noqa: BLE001 - raised where a pool's would be
+            except BaseException as exc:
                 done.set_exception(exc)
             self.pending.add(done)
             return done
@@ -188,12 +188,12 @@ class S3Writer(WriteHandle):
         self.done = True
         self._free()
 
-    def _free(self) -> None:
+    def _free(self, wait: bool = True) -> None:
         if self.buf is not None:
             give_buffer(self.b._proc(), self.b.part_size, self.buf)
             self.buf = None
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown(wait=wait, cancel_futures=True)
             self.pool = None
 
     def close(self) -> None:
@@ -202,11 +202,13 @@ class S3Writer(WriteHandle):
     def abort(self) -> None:
         for fut in self.pending:
             fut.cancel()
-        self._free()
+        # Parts still in flight are not waited for (each is bounded by the client's
+        # timeouts, and the upload is aborted under them): a failing save ends now.
+        self._free(wait=False)
         self.pending.clear()
         if self.upload_id and not self.done:
             with contextlib.suppress(Exception):  # best effort; remove_tree retries it
-                self.b._client("quick").abort_multipart_upload(
+                self.b._cleanup_client().abort_multipart_upload(
                     Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id)
             self.done = True
 
@@ -234,6 +236,14 @@ class ViewBody:
         out = self.view[self.pos:end]
         self.pos = end
         return out
+
+    def readinto(self, buf: memoryview | bytearray) -> int:
+        """Fill `buf` (never more than it holds): how awscrt reads a body when it is
+        installed and botocore signs through it (read() hands out more than asked)."""
+        n = min(len(buf), len(self.view) - self.pos)
+        memoryview(buf).cast("B")[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
 
     def seek(self, pos: int, whence: int = 0) -> int:
         base = {0: 0, 1: self.pos, 2: len(self.view)}[whence]

@@ -25,6 +25,7 @@ after everyone finished, still commits the checkpoint. Restore opens each array 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import weakref
@@ -45,6 +46,7 @@ from ckptbench.formats.common import (
     manifest_name,
 )
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
+from ckptbench.formats.verify import check_object, describe_difference, object_digest
 from ckptbench.formats.zarr.layout import ZarrLayout
 from ckptbench.formats.zarr.store import BackendStore
 from ckptbench.payload import digest
@@ -93,6 +95,14 @@ class ZarrFormat(FormatBase):
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
         ZarrLayout(plan, codec)  # raises SpecError when the chunks do not fit zarr arrays
 
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int:
+        """A thread's feed always takes one chunk, however large, and encodes it whole."""
+        chunk = int(plan.chunk_nbytes.max()) if len(plan.chunk_nbytes) else 0
+        threads = max(1, options.threads) * max(1, len(ranks))
+        return super().memory_bytes(plan, ranks, options, alignment) + 2 * chunk * threads
+
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
         super().__init__(plan, ranks, backend, group, options, progress)
@@ -111,6 +121,7 @@ class ZarrFormat(FormatBase):
         self._arrays: dict[tuple[Any, ...], Any] = {}
         self._arrays_lock = threading.Lock()
         self._meta_keys: list[int] | None = None
+        self._manifest: tuple[str, dict[str, Any]] = ("", {})  # of the restore in progress
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """This thread's event loop for zarr's coroutines (the store answers inline)."""
@@ -145,6 +156,23 @@ class ZarrFormat(FormatBase):
         for k in self._my_meta_keys():
             items.append((f"{ckpt}/{self.plan.keys[k].name}/zarr.json", self.layout.metadata_json(k)))
         return items
+
+    @classmethod
+    def written_names(cls, plan: Plan, groups: list[list[int]],
+                      options: FormatOptions) -> list[str]:
+        """The shards of every chunk the ranks write, the group's zarr.json and every
+        array's (spread over the running ranks, so all of them are written)."""
+        layout = ZarrLayout(plan, parse_codec(options.codec))
+        names = {"zarr.json", *(f"{key.name}/zarr.json" for key in plan.keys)}
+        for r in sorted({r for g in groups for r in g}):
+            for f in plan.files_of_rank(r):
+                for i in plan.chunks_of_file(f):
+                    c = plan.chunk(i)
+                    if c.nbytes:
+                        k = int(plan.chunk_key[i])
+                        names.update(layout.chunk_key(k, coords)
+                                     for coords, _, _ in layout.pieces(k, c.offsets, c.sizes))
+        return sorted(names)
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         if not jobs:
@@ -188,7 +216,7 @@ class ZarrFormat(FormatBase):
                 data, d = self._generate(t, buf)
                 digests[(t.job.index, t.region)] = d
                 feed.put((t, data, buf))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             res.error = exc
             feed.stop()
         finally:
@@ -228,7 +256,7 @@ class ZarrFormat(FormatBase):
                 for f in futures:
                     f.add_done_callback(done)
                 pending = _still_running(pending + futures)
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
         _settle(pending, feed, res)
@@ -267,6 +295,9 @@ class ZarrFormat(FormatBase):
         if all(r.error is None for r in results):
             results[0].digests = {job.index: [digests[(job.index, i)]
                                               for i in range(len(job.regions))] for job in jobs}
+            # the metadata a reader needs (dtype, shape, chunk grid, codecs) is verified too
+            results[0].objects = {key[len(ckpt) + 1:]: object_digest(payload)
+                                  for key, payload in meta}
         return results
 
     # --- restore ---
@@ -281,14 +312,25 @@ class ZarrFormat(FormatBase):
                 from zarr.storage import StorePath
 
                 name = self.plan.keys[k].name
-                self.store.size_hints[f"{ckpt}/{name}/zarr.json"] = 64 << 10
                 t0 = now()
-                arr = self._loop().run_until_complete(
-                    AsyncArray.open(StorePath(self.store, f"{ckpt}/{name}"), zarr_format=3))
+                meta = self._read_meta(ckpt, f"{name}/zarr.json")
+                arr = AsyncArray(metadata=json.loads(meta.tobytes()),
+                                 store_path=StorePath(self.store, f"{ckpt}/{name}"))
                 res.op("open", file, 0, t0, now(), {"object": f"{name}/zarr.json"})
                 self._check_array(arr, k)
                 self._arrays[(ckpt, k)] = arr
             return arr
+
+    def _read_meta(self, ckpt: str, name: str) -> np.ndarray:
+        """Metadata object `name` of checkpoint `ckpt`, refused unless it is the one written
+        (the manifest of the restore in progress holds its digest)."""
+        key = f"{ckpt}/{name}"
+        self.store.size_hints[key] = 64 << 10
+        data = self.store.read_all(key)
+        manifest_key, manifest = self._manifest
+        check_object(manifest_key, manifest, name, key, data)
+        assert data is not None
+        return data
 
     def _check_array(self, arr: Any, k: int) -> None:
         key = self.plan.keys[k]
@@ -331,7 +373,7 @@ class ZarrFormat(FormatBase):
                     break
                 pending = _still_running(
                     [*pending, self.pool.submit(self._read_chunk, t, ckpt, feed, res)])
-        except BaseException as exc:  # noqa: BLE001 - reported to the group
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
         _settle(pending, feed, res)
@@ -349,7 +391,7 @@ class ZarrFormat(FormatBase):
                 if len(got) != t.nbytes or digest(got) != want:
                     res.mismatches.append(self._describe_mismatch(t, got, ckpt))
                 feed.release(t.nbytes)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
 
@@ -364,20 +406,23 @@ class ZarrFormat(FormatBase):
                     "is missing (zarr reads it as fill values)")
         want, _ = self._generate(t)
         want_b = np.ascontiguousarray(want).reshape(-1).view(np.uint8)
-        n = min(len(got), len(want_b))
-        differ = np.flatnonzero(got[:n] != want_b[:n])
-        first = int(differ[0]) if len(differ) else n
-        return (f"chunk {key} at offsets {list(t.offsets)} (zarr {ckpt}/{shards[0]}): bytes "
-                f"differ from chunk byte {first} of {t.nbytes}")
+        return (f"chunk {key} at offsets {list(t.offsets)} (zarr {ckpt}/{shards[0]}): "
+                f"{describe_difference(got, want_b)}")
 
     def restore(self, jobs: list[FileJob], manifest_key: str
                 ) -> tuple[list[ThreadResult], tuple[int, int]]:
         self.group.barrier()
         manifest, (t0, t1) = self.read_manifest(manifest_key, jobs)
+        self._manifest = (manifest_key, manifest)
         expected = manifest["files"]
         self.store.size_hints.clear()
         self._arrays.clear()
         ckpt = self._checkpoint(jobs) if jobs else ""
+        opened = None
+        if self.group.rank == 0:  # the group a reader opens first
+            a = now()
+            self._read_meta(ckpt, "zarr.json")
+            opened = (a, now())
         groups = assign_threads(self._tasks(jobs), self.nthreads, by_nbytes)
         feeds = [ByteBudget(self.budget) for _ in groups]
         results = [ThreadResult() for _ in groups]
@@ -386,6 +431,8 @@ class ZarrFormat(FormatBase):
             threads.append(threading.Thread(target=self._read_tasks, args=(f, g, ckpt, r), daemon=True))
             threads.append(threading.Thread(target=self._verify_feed, args=(f, ckpt, expected, r),
                                             daemon=True))
+        if opened is not None and results:
+            results[0].op("open", jobs[0].index, 0, *opened, {"object": "zarr.json"})
         for t in threads:
             t.start()
         for t in threads:

@@ -143,7 +143,8 @@ class ZarrLayout:
     def metadata_json(self, k: int) -> bytes:
         from zarr.core.buffer import default_buffer_prototype
 
-        return self.metadata(k).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+        data: bytes = self.metadata(k).to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+        return data
 
     def group_json(self) -> bytes:
         attrs = {"ckptbench": {"format": "zarr", "codec": self.codec.to_dict(),

@@ -49,7 +49,7 @@ class BackendStore(Store):
     supports_writes = True
     supports_deletes = False
     supports_listing = False
-    supports_partial_writes = False  # type: ignore[assignment]
+    supports_partial_writes = False
 
     def __init__(self, backend: Backend, block_size: int = 8 << 20, *, read_only: bool = False,
                  inline: bool = False) -> None:

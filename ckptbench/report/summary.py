@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
@@ -29,6 +30,7 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     ranks: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     ops: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     extra_start: dict[tuple[int, str], int] = {}
+    manifest: dict[tuple[int, str], list[tuple[float, int]]] = defaultdict(list)
     extra_end: dict[tuple[int, str], int] = {}
     phases: dict[tuple[int, str], dict[str, Any]] = {}
     for r in records:
@@ -45,6 +47,7 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 extra_end[key] = max(extra_end.get(key, 0), r["end_ns"])
             elif op == "manifest":
                 extra_start[key] = min(extra_start.get(key, r["start_ns"]), r["start_ns"])
+                manifest[key].append(((r["end_ns"] - r["start_ns"]) / 1e9, r.get("size", 0)))
         elif t == "phase":
             phases[key] = r
     out = []
@@ -83,7 +86,23 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "cache": phase_rec.get("cache"),
             "latency": lat,
             **stored_stats(rs, seconds),
+            **restore_stats(phase_rec, manifest.get(key, [])),
         })
+    return out
+
+
+RESTORE_FIELDS = ("restore_plan", "restore_world_size", "amplification", "file_readers_max",
+                  "file_readers_median")
+
+
+def restore_stats(phase_rec: dict[str, Any], manifest: list[tuple[float, int]]
+                  ) -> dict[str, Any]:
+    """A restore's plan figures (from its phase record) and its manifest reads: size, the
+    slowest rank's read time."""
+    out = {k: phase_rec[k] for k in RESTORE_FIELDS if k in phase_rec}
+    if manifest:
+        out["manifest_bytes"] = max(size for _, size in manifest)
+        out["manifest_s"] = max(t for t, _ in manifest)
     return out
 
 
@@ -120,6 +139,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not sel:
             continue
         tps = [i["throughput_bytes_per_s"] for i in sel]
+        worst = max(sel, key=lambda i: i["slowest_rank_seconds"])
         secs = [i["seconds"] for i in sel]
         lat: dict[str, dict[str, float | None]] = {}
         for op in LATENCY_OPS:
@@ -139,20 +159,55 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_max": max(tps),
             "throughput_stdev": statistics.stdev(tps) if len(tps) > 1 else 0.0,
             "rank_throughput_min_bytes_per_s": min(i["rank_throughput_bytes_per_s"]["min"] for i in sel),
-            "slowest_rank_seconds_max": max(i["slowest_rank_seconds"] for i in sel),
+            "slowest_rank_seconds_max": worst["slowest_rank_seconds"],
+            "slowest_rank": worst["slowest_rank"],  # the rank that finished last, worst iteration
+            "slowest_rank_iteration": worst["iteration"],
             "first_to_last_gap_s_median": statistics.median(i["first_to_last_gap_s"] for i in sel),
             "ranks": sel[0]["ranks"],
             "nodes": sel[0]["nodes"],
             "cache": sel[0]["cache"],
             "latency": lat,
             **stored_summary(sel),
+            **{k: sel[0][k] for k in (*RESTORE_FIELDS, "manifest_bytes") if k in sel[0]},
+            **({"manifest_s": statistics.median(i["manifest_s"] for i in sel)}
+               if "manifest_s" in sel[0] else {}),
         })
     return out
 
 
+# What the report shows of summary and error records (summarize() writes them all).
+_SHOWN_FIELDS = {
+    "summary": ("phase", "iterations", "bytes", "throughput_bytes_per_s", "throughput_min",
+                "throughput_max", "rank_throughput_min_bytes_per_s", "slowest_rank_seconds_max",
+                "first_to_last_gap_s_median", "latency", "cache"),
+    "error": ("phase", "iteration", "message"),
+}
+
+
 def load(path: str) -> dict[str, Any]:
-    """A results file as {run, iterations, summary, errors}."""
-    return view(list(read_records(path)), path)
+    """A results file as {run, iterations, summary, errors}.
+
+    A file that is empty, whose records lack what the statistics need, or that holds
+    neither a summary nor an error (its run was killed before it ended) is refused with
+    one line: an empty table would read as success.
+    """
+    records = list(read_records(path))
+    if not records:
+        raise CkptbenchError(f"{path}: empty; allowed: a results file of `ckptbench run`")
+    try:
+        loaded = view(records, path)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CkptbenchError(f"{path}: a record lacks a valid field ({type(exc).__name__}: {exc});"
+                             " not a results file of `ckptbench run`") from None
+    for r in loaded["summary"] + loaded["errors"]:
+        missing = [k for k in _SHOWN_FIELDS[r["type"]] if k not in r]
+        if missing:
+            raise CkptbenchError(f"{path}: a {r['type']} record lacks {', '.join(missing)};"
+                                 " not a results file of `ckptbench run`")
+    if not loaded["summary"] and not loaded["errors"]:
+        raise CkptbenchError(f"{path}: the run is incomplete: no summary and no error record "
+                             "(was it or one of its ranks killed?)")
+    return loaded
 
 
 def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:

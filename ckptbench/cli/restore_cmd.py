@@ -1,0 +1,158 @@
+"""`ckptbench restore CHECKPOINT`: measure the restore of a checkpoint kept with --keep again
+(later, after a reboot, from other hosts, onto another restore layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from ckptbench.backends import Backend, IOHints, open_backend
+from ckptbench.backends.base import TARGET_MARKER
+from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
+from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
+from ckptbench.cli.run_cmd import RESTORE_PLANS, quiet_unless_root, restore_bytes
+from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
+from ckptbench.formats.base import MANIFEST_SCHEMA
+from ckptbench.formats.manifest import load_manifest
+from ckptbench.measure import measure
+from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
+from ckptbench.report import table
+from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.spec import workload_from_dict
+from ckptbench.units import parse_size
+
+
+def split_checkpoint(checkpoint: str) -> tuple[str, str]:
+    """TARGET/RUN_ID/CHECKPOINT -> (TARGET, 'RUN_ID/CHECKPOINT')."""
+    parts = checkpoint.rstrip("/").rsplit("/", 2)
+    if len(parts) != 3 or not all(parts) or parts[0].endswith(":"):
+        raise SpecError(f"CHECKPOINT {checkpoint!r}: allowed: TARGET/RUN_ID/CHECKPOINT, the "
+                        "directory of a checkpoint kept with --keep (e.g. "
+                        "ckptbench-data/run-20250101-120000-1/checkpoint-1)")
+    return parts[0], f"{parts[1]}/{parts[2]}"
+
+
+def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str, Any]:
+    """The checkpoint's manifest, once it is known to be ckptbench's (else one line)."""
+    if not backend.exists(TARGET_MARKER):
+        raise CkptbenchError(f"{checkpoint}: its target has no {TARGET_MARKER} marker; "
+                             "ckptbench restores only checkpoints it wrote")
+    key = f"{prefix}/{MANIFEST_NAME}"
+    try:
+        manifest, _ = load_manifest(backend, key)
+    except FileNotFoundError:
+        raise CkptbenchError(f"{checkpoint}: no manifest {MANIFEST_NAME}; allowed: a "
+                             "checkpoint ckptbench committed and kept with --keep") from None
+    except VerificationError as exc:
+        raise RunFailed(str(exc), "verification") from None
+    if manifest.get("schema") != MANIFEST_SCHEMA or "files" not in manifest:
+        raise CkptbenchError(f"{key}: schema {manifest.get('schema')!r} is not "
+                             f"{MANIFEST_SCHEMA!r}; ckptbench restores only checkpoints it wrote")
+    if manifest.get("format", "raw") != "raw":
+        raise CkptbenchError(f"{key}: written as --format {manifest.get('format')}; allowed: "
+                             "checkpoints written with --format raw")
+    if not isinstance(manifest.get("workload_spec"), dict):
+        raise CkptbenchError(f"{key}: no workload_spec (written by an older ckptbench); "
+                             "allowed: checkpoints of this version")
+    return manifest
+
+
+def written_ranks(plan: Plan, manifest: dict[str, Any], prefix: str) -> list[int]:
+    """Ranks whose files the manifest lists; every entry must be a file of the plan."""
+    names = {f"{prefix}/{p}" for p in plan.file_paths}
+    ranks: set[int] = set()
+    for name, entry in manifest["files"].items():
+        path = entry.get("path", name)
+        if path not in names or not isinstance(entry.get("rank"), int):
+            raise CkptbenchError(f"{prefix}/{MANIFEST_NAME}: entry {name!r} is not a file of "
+                                 "its workload's plan (altered manifest)")
+        ranks.add(entry["rank"])
+    if not ranks or max(ranks) >= plan.world_size:
+        raise CkptbenchError(f"{prefix}/{MANIFEST_NAME}: ranks do not fit its workload's plan")
+    return sorted(ranks)
+
+
+@click.command("restore")
+@click.argument("checkpoint")
+@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="I/O threads per rank [default: the workload's checkpoint.threads].")
+@click.option("--block-size", default="8MiB", show_default=True, help="Bytes per read call.")
+@click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: evict the checkpoint from caches before each restore.")
+@click.option("--restore-shift", type=int, default=None,
+              help="Shift the restore ranks by N positions (IOR -C) [default: as for run].")
+@click.option("--restore-plan", type=click.Choice(RESTORE_PLANS), default="dcp", show_default=True,
+              help="dcp: DCP's load planner's reads for the restore layout; files: each rank "
+                   "reads back the files it wrote.")
+@restore_layout_options
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Results file [default: results/<workload>-restore-<run id>.jsonl].")
+@click.option("--launcher", type=click.Choice(["auto", "local", "mpi"]), default="auto",
+              show_default=True)
+@backend_options
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def restore_command(checkpoint: str, iterations: int, threads: int | None, block_size: str,
+                    cache: str, restore_shift: int | None, restore_plan: str,
+                    restore_world_size: int | None, restore_layout: str | None,
+                    results: str | None, launcher: str, as_json: bool,
+                    **_backend_values: Any) -> None:
+    """Restore CHECKPOINT (TARGET/RUN_ID/CHECKPOINT, kept with --keep), measured and
+    verified chunk by chunk, onto its restore layout or the one given."""
+    backend_flags = typed_backend_flags(click.get_current_context())
+    root, prefix = split_checkpoint(checkpoint)
+    backend_options_ = options_for_target(root, backend_flags)
+    launch = open_launcher(launcher)
+    with quiet_unless_root(launch):
+        block = parse_size(block_size, "--block-size")
+        backend = open_backend(root, backend_options_, IOHints(block_size=block,
+                                                                 threads=threads or 1))
+        try:
+            manifest = read_checkpoint(backend, checkpoint, prefix)
+        except BaseException:
+            backend.release()
+            raise
+        workload = apply_restore_layout(workload_from_dict(manifest["workload_spec"]),
+                                        restore_world_size, restore_layout)
+        plan = build_plan(workload)
+        ranks = written_ranks(plan, manifest, prefix)
+        options = RunOptions(
+            iterations=iterations, threads=threads or workload.checkpoint.threads,
+            block_size=block, payload=str(manifest.get("payload", "random")),
+            seed=int(manifest.get("seed", 0)), keep=True, restore=True, cache=cache,
+            run_id=new_run_id(), restore_shift=restore_shift or 0, format="raw",
+            restore_plan=restore_plan, checkpoint=prefix,
+            checkpoint_iteration=int(manifest.get("iteration", 1)))
+        req = RunRequest(workload=workload, plan=plan, ranks=ranks, backend=backend,
+                         options=options, restore_shift_auto=restore_shift is None)
+        path = Path(results) if results else \
+            Path("results") / f"{workload.name}-restore-{options.run_id}.jsonl"
+        _measure(launch, req, path, restore_bytes(plan, ranks, restore_plan) * iterations,
+                 checkpoint, as_json)
+
+
+def _measure(launch: Launcher, req: RunRequest, path: Path, total: int, checkpoint: str,
+             as_json: bool) -> None:
+    console = Console(stderr=True, quiet=not launch.root)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                  TransferSpeedColumn(), console=console, transient=True,
+                  disable=not launch.root) as progress:
+        task = progress.add_task("restore", total=total)
+        outcome = measure(req, path, launch, on_progress=lambda n: progress.advance(task, n),
+                          on_start=lambda: click.echo(f"restoring {checkpoint}"))
+    if outcome is None:
+        return
+    if as_json:
+        click.echo(json.dumps({"results": str(path), "summary": outcome["summary"]}, indent=2))
+    else:
+        width = table.output_width(False, None)
+        table.render_summary(table.console_for(width), [outcome], width)
+        click.echo(f"results: {path}")
+
+
+COMMANDS = [restore_command]

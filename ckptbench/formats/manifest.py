@@ -1,0 +1,96 @@
+"""The commit manifest on storage: one JSON line, then padding up to the size DCP's
+``.metadata`` would have for the whole plan.
+
+A restoring DCP rank reads the checkpoint's ``.metadata`` (a pickle indexing every chunk
+of the full job) before any chunk; a subset or scaled run's manifest would be tens of KB.
+So the manifest carries its JSON (what ckptbench needs: digests, the workload) on the
+first line and pseudo-random padding after it, and records its total size so a truncated
+one is caught. Readers stream it in blocks (a 405B job's metadata is hundreds of MB).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ckptbench.backends import Backend
+from ckptbench.errors import CkptbenchError, VerificationError
+from ckptbench.formats.pipeline import aligned_buffer
+
+READ_BLOCK = 8 << 20
+
+
+def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
+    """The manifest's bytes: JSON, a newline, padding; at least `size` bytes in all. The
+    JSON's ``size`` field is the total."""
+    total = 0
+    for _ in range(3):  # the size's digits change the JSON's length at most twice
+        body = json.dumps({**manifest, "size": total}).encode()
+        want = max(size, len(body) + 1)
+        if want == total:
+            break
+        total = want
+    body = json.dumps({**manifest, "size": total}).encode()
+    pad = total - len(body) - 1
+    filler = np.random.default_rng(len(body)).bytes(pad) if pad else b""
+    return body + b"\n" + filler
+
+
+def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[bytes, int]:
+    """Read the whole manifest (padding included, as DCP reads all of .metadata); return
+    its first line (the JSON) and its size. FileNotFoundError when absent."""
+    if not backend.exists(key):
+        raise FileNotFoundError(key)
+    align = max(backend.alignment, 1)
+    block = max(block // align, 1) * align
+    buf = aligned_buffer(block)
+    head = bytearray()
+    found = False
+    size = 0
+    handle = backend.open_read(key)
+    try:
+        while True:
+            got = handle.readinto(size, memoryview(buf)[:block])  # type: ignore[arg-type]
+            if not found:
+                piece = bytes(buf[:got])
+                cut = piece.find(b"\n")
+                head += piece if cut < 0 else piece[:cut]
+                found = cut >= 0
+            size += got
+            if got < block:
+                break
+    finally:
+        handle.close()
+    return bytes(head), size
+
+
+def check_size(key: str, manifest: dict[str, Any], size: int) -> None:
+    """VerificationError when the manifest is not the size it was written at."""
+    expected = manifest.get("size")
+    if isinstance(expected, int) and expected and expected != size:
+        raise VerificationError(f"{key}: manifest is {size} bytes, {expected} were written "
+                                "(truncated or altered); the checkpoint is not restored")
+
+
+def load_manifest(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[dict[str, Any], int]:
+    """The manifest's JSON and size, for a caller that must first know it is ckptbench's
+    (`ckptbench restore`): FileNotFoundError when absent; CkptbenchError when it is not a
+    ckptbench manifest; VerificationError when it is not all there."""
+    head, size = read_manifest_bytes(backend, key, block)
+    try:
+        manifest = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CkptbenchError(f"{key}: not a ckptbench manifest (its first line is not JSON);"
+                             " the checkpoint is not restored") from None
+    if not isinstance(manifest, dict):
+        raise CkptbenchError(f"{key}: not a ckptbench manifest; the checkpoint is not restored")
+    check_size(key, manifest, size)
+    return manifest, size
+
+
+def parse_manifest(data: bytes) -> dict[str, Any]:
+    """The JSON of a manifest's bytes (its first line; the rest is padding)."""
+    result: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
+    return result

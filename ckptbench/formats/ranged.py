@@ -1,0 +1,219 @@
+"""Restoring as a training stack loads: each rank reads its restore plan's chunks.
+
+A restore plan (:mod:`ckptbench.plan.restore`) gives every rank of the restore layout the
+saved chunks it reads, whole, file by file. Here that becomes one :class:`FileJob` per
+(rank, file) whose ``reads`` are ranged reads of those chunks, and the raw format's
+restore for them (:class:`RangedRestore`): every restoring rank reads the manifest first
+(as DCP ranks read ``.metadata``), then a reader thread issues the ranged reads (aligned
+for O_DIRECT) into a ring of buffers and a verifier checks each chunk against the digest
+recorded when it was saved. Several ranks read one file concurrently where the plan says.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from ckptbench.errors import VerificationError
+from ckptbench.formats.base import ChunkRead, FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.pipeline import BufferRing, assign_threads
+from ckptbench.payload import Region, stream_key
+from ckptbench.plan import Plan
+from ckptbench.plan.files import RegionLayout, plan_layout
+from ckptbench.plan.restore import RestorePlan
+
+
+def digest_positions(plan: Plan) -> np.ndarray:
+    """Each saved chunk's index among its file's non-empty chunks (its manifest digest)."""
+    nonempty = (plan.chunk_nbytes > 0).astype(np.int64)
+    before = np.concatenate([[0], np.cumsum(nonempty)])
+    file_start = np.searchsorted(plan.chunk_file, plan.chunk_file, side="left")
+    out: np.ndarray = before[:-1] - before[file_start]
+    return out
+
+
+def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteration: int,
+                 seed: int, written: set[int] | None = None,
+                 layout: RegionLayout | None = None) -> tuple[list[FileJob], int, int]:
+    """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order), and
+    the reads and bytes left out because their file was not written (`written`: the file
+    indices a subset run wrote; None: all)."""
+    plan = rplan.save
+    layout = layout or plan_layout(plan)
+    digests = digest_positions(plan)
+    jobs: list[FileJob] = []
+    skipped = skipped_bytes = 0
+    for r in ranks:
+        current: FileJob | None = None
+        for i in rplan.reads_of_rank(r).tolist():
+            n = int(plan.chunk_nbytes[i])
+            if n == 0:
+                continue  # an empty saved chunk: DCP reads its container, no payload
+            f = int(plan.chunk_file[i])
+            if written is not None and f not in written:
+                skipped += 1
+                skipped_bytes += n
+                continue
+            if current is None or current.index != f:
+                path = plan.file_paths[f]
+                current = FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", 0, [],
+                                  stream_key(seed, f, iteration), int(layout.base[f]),
+                                  layout.shared_size.get(path, 0), reads=[], reader=r)
+                jobs.append(current)
+            key = plan.keys[int(plan.chunk_key[i])]
+            start = int(plan.chunk_file_offset[i])
+            region = Region(start, start + n, key.name, key.dtype)
+            current.regions.append(region)
+            assert current.reads is not None
+            current.reads.append(ChunkRead(region, int(digests[i])))
+            current.size += n
+    return jobs, skipped, skipped_bytes
+
+
+def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int,
+                      restore_world: int, shift: int) -> list[int]:
+    """Restore ranks this process runs. The run's processes (plan-rank positions) share
+    the restore layout's ranks in contiguous groups; a subset run restores the ranks of
+    the subset that exist in the restore layout. `shift` moves each position's group on
+    by that many positions (no process reads back what its node wrote)."""
+    if len(all_ranks) == save_world:
+        ranks = list(range(restore_world))
+    else:
+        ranks = [r for r in all_ranks if r < restore_world]
+    n = len(all_ranks)
+    groups = [g.tolist() for g in np.array_split(np.array(ranks, dtype=np.int64), n)]
+    pos = {r: k for k, r in enumerate(all_ranks)}
+    return [x for r in my_ranks for x in groups[(pos[r] + shift) % n]]
+
+
+def by_size(job: FileJob) -> int:
+    return job.size
+
+
+class RangedRestore(FormatBase):
+    """The raw format's restore of a restore plan's jobs (mixed into RawFormat)."""
+
+    _held: list[BufferRing] | None = None
+
+    def _locate(self, job: FileJob, region: Region) -> str:  # pragma: no cover - RawFormat's
+        raise NotImplementedError
+
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int]
+                       ) -> list[ThreadResult]:
+        """Every rank of `ranks` reads the manifest, then the jobs are read and verified.
+        The manifest reads are ops (``manifest``, with its size) of each rank."""
+        self._held = None
+        nthreads = max(1, self.o.threads) * max(1, len(ranks))
+        groups = assign_threads(jobs, nthreads, by_size) if jobs else []
+        rings = [BufferRing(max(2, min(self.nbuf, 4)), self.block + 2 * self.align)
+                 for _ in groups]
+        for ring in rings:
+            ring.touch()
+        self.group.barrier()
+        heads = [ThreadResult() for _ in ranks]
+        manifests: list[dict[str, Any] | None] = [None] * len(ranks)
+
+        def read_manifest(k: int) -> None:
+            mine = [j for j in jobs if j.reader == ranks[k]]
+            try:
+                manifest, (t0, t1) = self.read_manifest(manifest_key, mine)
+                manifests[k] = manifest
+                heads[k].op("manifest", -1, 0, t0, t1, {"size": manifest.get("size", 0)},
+                            rank=ranks[k])
+            except BaseException as exc:
+                heads[k].error = exc
+
+        readers = [threading.Thread(target=read_manifest, args=(k,), daemon=True)
+                   for k in range(len(ranks))]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+        if any(h.error for h in heads) or not jobs:
+            return heads
+        expected = next(m for m in manifests if m is not None)["files"]
+        results = [ThreadResult() for _ in groups]
+        threads = []
+        for ring, group, res in zip(rings, groups, results, strict=True):
+            threads.append(threading.Thread(target=self._read_ranges, args=(ring, group, res),
+                                            daemon=True))
+            threads.append(threading.Thread(target=self._verify_ranges,
+                                            args=(ring, group, expected, res), daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._held = rings
+        return heads + results
+
+    def _read_ranges(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
+        align = self.align
+        try:
+            for j, job in enumerate(jobs):
+                t0 = now()
+                handle = self.backend.open_read(job.key)
+                res.op("open", job.index, 0, t0, now(), rank=job.reader)
+                try:
+                    for k, rd in enumerate(job.reads or []):
+                        n = rd.region.end - rd.region.start
+                        off = 0
+                        while off < n:
+                            i = ring.take_free()
+                            if i is None:
+                                return
+                            want = min(self.block, n - off)
+                            pos = job.offset + rd.region.start + off
+                            start = pos // align * align
+                            delta = pos - start
+                            view = memoryview(ring.buffers[i])[:round_up(delta + want, align)]  # type: ignore[arg-type]
+                            t0 = now()
+                            got = handle.readinto(start, view)
+                            t1 = now()
+                            res.op("read", job.index, min(max(got - delta, 0), want), t0, t1,
+                                   rank=job.reader)
+                            if got < delta + want:
+                                raise VerificationError(
+                                    f"{job.key}: short read at offset {start + got}: chunk "
+                                    f"{rd.region.key} needs bytes up to {pos + want} (the file "
+                                    "is truncated)")
+                            ring.put((j, k, i, delta, want))
+                            self.progress(want)
+                            off += want
+                finally:
+                    t0 = now()
+                    handle.close()
+                    res.op("close", job.index, 0, t0, now(), rank=job.reader)
+        except BaseException as exc:
+            res.error = exc
+            ring.stop()
+        finally:
+            ring.put(None)
+
+    def _verify_ranges(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
+                       res: ThreadResult) -> None:
+        hashers: dict[tuple[int, int], Any] = {}
+        try:
+            while True:
+                item = ring.take()
+                if item is None:
+                    break
+                j, k, i, delta, n = item
+                h = hashers.get((j, k))
+                if h is None:
+                    h = hashers[(j, k)] = xxhash.xxh3_64()
+                h.update(ring.buffers[i][delta:delta + n].data)
+                ring.give_back(i)
+            for j, job in enumerate(jobs):
+                if res.error is not None:
+                    break
+                want = expected[job.name]["digests"]
+                for k, rd in enumerate(job.reads or []):
+                    h = hashers.get((j, k)) or xxhash.xxh3_64()
+                    if h.intdigest() != want[rd.digest]:
+                        res.mismatches.append(self._locate(job, rd.region))
+        except BaseException as exc:
+            res.error = res.error or exc
+            ring.stop()

@@ -1,0 +1,195 @@
+"""What a run measured, per node: read from a results file through ckptbench.records and
+ckptbench.report (no parser of its own), or from a sweep file that lists several.
+
+A *node sample* is one host in one successful iteration of a phase: the bytes its ranks
+moved and the span from its first rank's start to its last rank's end (a node is done
+when its slowest rank is). The manifest and commit (save) or the manifest read
+(restore) lie outside that span: they are the phase's metadata time, kept apart
+because the job pays them once, not per node.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.records import read_records
+from ckptbench.report import view
+from ckptbench.spec import Workload, parse_workload
+
+PHASES = ("save", "restore")
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    iteration: int
+    host: str
+    ranks: int
+    bytes: int
+    seconds: float
+
+    @property
+    def seconds_per_byte(self) -> float:
+        return self.seconds / self.bytes
+
+
+@dataclass(frozen=True)
+class PhaseMeasurement:
+    """One phase of a run, per node, over its successful iterations."""
+
+    phase: str
+    samples: tuple[NodeSample, ...]
+    iterations: int
+    metadata_s: float  # median over iterations: phase span minus the ranks' data span
+    rank_throughput: tuple[float, float, float]  # min, median, max over ranks x iterations
+    cache: str | None  # restore: how the cache was avoided
+
+    @property
+    def node_throughputs(self) -> list[float]:
+        return [s.bytes / s.seconds for s in self.samples]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A run as the job model needs it (`path` names it in messages)."""
+
+    path: str
+    workload_name: str
+    workload: Workload | None  # the full-size workload the run was measured for
+    scale: int
+    ranks: tuple[int, ...]
+    nodes: int
+    ranks_per_node: int
+    bytes_per_rank: float  # mean over the ranks run
+    file_bytes: float | None  # mean bytes per file of the plan as run
+    chunk_bytes: float | None  # mean bytes per chunk of the plan as run
+    block_size: int | None
+    save: PhaseMeasurement
+    restore: PhaseMeasurement | None
+
+    @property
+    def samples(self) -> int:
+        return len(self.save.samples)
+
+
+def results_error(source: str, what: str) -> SpecError:
+    return SpecError(f"{source}: {what}")
+
+
+def workload_of(run: Mapping[str, Any]) -> Workload | None:
+    """The full-size workload a run record names (None when it does not validate)."""
+    data = run.get("workload")
+    if not isinstance(data, dict):
+        return None
+    tables = {k: v for k, v in data.items() if k in ("model", "state", "parallel", "checkpoint")}
+    tables["model"] = {k: v for k, v in tables.get("model", {}).items()
+                       if v or k in ("name", "layers", "dim", "heads", "kv_heads", "ffn_dim",
+                                     "vocab_size")}
+    tables["workload"] = {"name": data.get("name", "workload")}
+    try:
+        return parse_workload(tables)
+    except SpecError:
+        return None
+
+
+def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasurement | None:
+    ok = {r["iteration"] for r in records
+          if r.get("type") == "phase" and r.get("phase") == phase and r.get("ok")}
+    nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    extra: dict[int, list[int]] = defaultdict(list)  # manifest/commit op times
+    for r in records:
+        if r.get("phase") != phase or r.get("iteration") not in ok:
+            continue
+        if r.get("type") == "rank":
+            nodes[(r["iteration"], str(r.get("host", "?")))].append(r)
+        elif r.get("type") == "op" and r.get("op") in ("manifest", "commit"):
+            extra[r["iteration"]] += [r["start_ns"], r["end_ns"]]
+    if not nodes:
+        return None
+    samples, rank_rates = [], []
+    spans: dict[int, list[int]] = defaultdict(list)
+    for (iteration, host), ranks in sorted(nodes.items()):
+        start, end = min(r["start_ns"] for r in ranks), max(r["end_ns"] for r in ranks)
+        spans[iteration] += [start, end]
+        nbytes = sum(r["bytes"] for r in ranks)
+        if nbytes > 0:
+            samples.append(NodeSample(iteration, host, len(ranks), nbytes, max(end - start, 1) / 1e9))
+        rank_rates += [r["bytes"] / max(r["end_ns"] - r["start_ns"], 1) * 1e9 for r in ranks]
+    meta = []
+    for iteration, data in spans.items():
+        whole = data + extra.get(iteration, [])
+        meta.append(((max(whole) - min(whole)) - (max(data) - min(data))) / 1e9)
+    if not samples:
+        return None
+    return PhaseMeasurement(
+        phase=phase, samples=tuple(samples), iterations=len(spans),
+        metadata_s=statistics.median(meta),
+        rank_throughput=(min(rank_rates), statistics.median(rank_rates), max(rank_rates)),
+        cache=None if cache is None else (cache if isinstance(cache, str) else ",".join(cache)),
+    )
+
+
+def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--results"
+                   ) -> Measurement:
+    """A run's records (from ckptbench.records) as the job model's Measurement."""
+    where = f"{source} {path}"
+    loaded = view(records, path)
+    for s in loaded["summary"]:
+        if s.get("phase") not in PHASES:
+            raise results_error(where, f"summary record of phase {s.get('phase')!r}; allowed: save, restore")
+    caches = {s["phase"]: s.get("cache") for s in loaded["summary"]}
+    save = _phase(records, "save", None)
+    if save is None:
+        raise results_error(where, "no successful save with rank records (not the results of `ckptbench run`"
+                           " or every save failed)")
+    restore = _phase(records, "restore", caches.get("restore"))
+    run = loaded["run"]
+    plan = run.get("plan") or {}
+    first = [r for r in records if r.get("type") == "rank" and r.get("phase") == "save"
+             and r.get("iteration") == save.samples[0].iteration]
+    ranks_run = run.get("ranks") or sorted(r["rank"] for r in first)
+    files, chunks, total = plan.get("files"), plan.get("chunks"), plan.get("total_bytes")
+    options = run.get("options") or {}
+    workload = workload_of(run)
+    return Measurement(
+        path=str(path),
+        workload_name=str((run.get("workload") or {}).get("name", "workload")),
+        workload=workload,
+        scale=int(run.get("scale", 1) or 1),
+        ranks=tuple(int(r) for r in ranks_run),
+        nodes=len({s.host for s in save.samples}),
+        ranks_per_node=max(s.ranks for s in save.samples),
+        bytes_per_rank=statistics.fmean(r["bytes"] for r in first),
+        file_bytes=total / files if total and files else None,
+        chunk_bytes=total / chunks if total and chunks else None,
+        block_size=options.get("block_size"),
+        save=save,
+        restore=restore,
+    )
+
+
+def read_results(path: str | Path, source: str = "--results") -> Measurement:
+    """One results file of `ckptbench run` (one-line errors that name `source` and the path)."""
+    if not Path(path).is_file():
+        raise results_error(f"{source} {path}", "no such file")
+    try:
+        records = list(read_records(path))
+    except CkptbenchError as exc:
+        raise SpecError(f"{source} {exc}") from None
+    return measurement_of(records, str(path), source)
+
+
+def choose(measurements: list[Measurement], ranks_per_node: int) -> Measurement:
+    """The measurement whose ranks per node match the target's, else the nearest (in
+    ratio; the larger on a tie): the ranks-per-node check then says it does not match."""
+    exact = [m for m in measurements if m.ranks_per_node == ranks_per_node]
+    if exact:
+        return max(exact, key=lambda m: m.samples)
+    return min(measurements, key=lambda m: (abs(math.log2(m.ranks_per_node / ranks_per_node)),
+                                           -m.ranks_per_node))

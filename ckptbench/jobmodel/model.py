@@ -1,0 +1,190 @@
+"""From a measurement on a few nodes to the whole job's save and restore time.
+
+The model, every step of which is printed with the answer:
+
+1. per node: a node's time is its bytes times the measured seconds per byte of a node
+   (the node's bytes over the span from its first rank's start to its last rank's end);
+   valid while the target's bytes per rank and ranks per node are close to the run's,
+   which the checks enforce;
+2. the slowest node: the job's nodes are independent draws from the measured per-node
+   distribution (a lognormal fit of seconds per byte; see ``stragglers``), each scaled
+   by that node's bytes from the target's plan; the job's data time is the expected
+   maximum over its nodes;
+3. the storage ceiling: with an aggregate bandwidth given, the data time is at least
+   total bytes / ceiling;
+4. metadata: the measured manifest + commit time (save) or manifest read (restore) is
+   added once, as measured;
+5. restart: R adds a restart overhead (given, or a documented default) to the restore.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckptbench.errors import SpecError
+from ckptbench.jobmodel.checks import Finding, combined_command, findings, refusal
+from ckptbench.jobmodel.measured import Measurement, PhaseMeasurement
+from ckptbench.jobmodel.stragglers import LogNormalFit, expected_max
+from ckptbench.jobmodel.target import Target
+from ckptbench.units import format_size
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{format_size(bytes_per_s, binary=False)}/s"
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    """One phase (save or restore) of the whole job, and how it was arrived at."""
+
+    phase: str
+    node_bandwidth: float  # the fit's median per-node bytes/s (geometric mean of the samples)
+    spread_sigma: float  # sd of ln(seconds per byte) over the samples
+    samples: int
+    median_node_s: float  # a median node writing the target's mean node bytes
+    slowest_node_s: float  # expected slowest of the target's nodes
+    ceiling_s: float | None  # total bytes / aggregate ceiling
+    metadata_s: float
+    data_s: float  # max(slowest node, ceiling)
+    total_s: float  # data + metadata
+
+    @property
+    def capped(self) -> bool:
+        return self.ceiling_s is not None and self.ceiling_s > self.slowest_node_s
+
+
+def phase_estimate(p: PhaseMeasurement, t: Target) -> PhaseEstimate:
+    fit = LogNormalFit.of(s.seconds_per_byte for s in p.samples)
+    slowest = expected_max(t.node_groups, fit)
+    ceiling_s = t.total_bytes / t.ceiling if t.ceiling else None
+    data = max(slowest, ceiling_s or 0.0)
+    return PhaseEstimate(
+        phase=p.phase, node_bandwidth=1.0 / fit.median, spread_sigma=fit.sigma,
+        samples=fit.samples, median_node_s=t.mean_node_bytes * fit.median,
+        slowest_node_s=slowest, ceiling_s=ceiling_s, metadata_s=p.metadata_s, data_s=data,
+        total_s=data + p.metadata_s,
+    )
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """C and R of the whole job, with the model's inputs, assumptions and warnings."""
+
+    measurement: Measurement
+    target: Target
+    save: PhaseEstimate
+    restore: PhaseEstimate | None
+    restart_overhead_s: float
+    restart_source: str
+    warnings: tuple[Finding, ...]
+
+    @property
+    def save_s(self) -> float:
+        return self.save.total_s
+
+    @property
+    def restore_s(self) -> float | None:
+        """Restore plus the restart overhead: R of the cadence model."""
+        return None if self.restore is None else self.restore.total_s + self.restart_overhead_s
+
+    def inputs(self) -> dict[str, Any]:
+        m, t = self.measurement, self.target
+
+        def phase(p: PhaseMeasurement | None) -> dict[str, Any] | None:
+            if p is None:
+                return None
+            rates = p.node_throughputs
+            return {"iterations": p.iterations, "node_samples": len(p.samples),
+                    "node_bytes_per_s": {"min": min(rates), "median": statistics.median(rates),
+                                         "max": max(rates)},
+                    "rank_bytes_per_s": dict(zip(("min", "median", "max"), p.rank_throughput,
+                                                 strict=True)),
+                    "metadata_s": p.metadata_s, "cache": p.cache}
+
+        return {
+            "measurement": {
+                "results": m.path, "workload": m.workload_name, "scale": m.scale,
+                "ranks": len(m.ranks), "nodes": m.nodes, "ranks_per_node": m.ranks_per_node,
+                "bytes_per_rank": m.bytes_per_rank, "bytes_per_file": m.file_bytes,
+                "bytes_per_chunk": m.chunk_bytes, "save": phase(m.save),
+                "restore": phase(m.restore),
+            },
+            "target": {
+                "workload": t.name, "workload_file": t.workload_path, "gpus": t.gpus,
+                "nodes": t.nodes, "ranks_per_node": t.ranks_per_node,
+                "checkpoint_bytes": t.total_bytes, "bytes_per_rank": t.bytes_per_rank,
+                "mean_node_bytes": t.mean_node_bytes,
+                "heaviest_node_bytes": t.heaviest_node_bytes, "bytes_per_file": t.file_bytes,
+                "aggregate_bandwidth": t.ceiling, "placement": t.placement,
+            },
+            "restart_overhead_s": self.restart_overhead_s,
+        }
+
+    def assumptions(self) -> list[str]:
+        m, t, s = self.measurement, self.target, self.save
+        one_node = " (one node measured: its iteration-to-iteration spread stands for the" \
+                   " spread between nodes)" if m.nodes == 1 else ""
+        out = [
+            f"per node: time = the node's bytes x the measured seconds per byte of a node with"
+            f" {m.ranks_per_node} ranks (save {_rate(s.node_bandwidth)} per node: the fit's median,"
+            " the geometric mean of the samples)",
+            f"nodes: {t.nodes:,} independent draws from a lognormal fit of the measured"
+            f" per-node time per byte (save sigma {s.spread_sigma:.3g} from {s.samples}"
+            f" samples = {m.nodes} node(s) x {m.save.iterations} iteration(s)){one_node};"
+            f" all start together and the phase ends with the slowest: its expected time",
+            f"bytes per node: {t.placement} (heaviest node {format_size(t.heaviest_node_bytes, False)},"
+            f" mean {format_size(t.mean_node_bytes, False)})",
+        ]
+        if t.ceiling is None:
+            out.append("storage: no aggregate ceiling given, so it is assumed to scale with the"
+                       " nodes (give --aggregate-bandwidth)")
+        else:
+            binding = [p.phase for p in (self.save, self.restore) if p is not None and p.capped]
+            out.append(f"storage: capped at the aggregate ceiling {_rate(t.ceiling)}"
+                       f" ({t.total_bytes / t.ceiling:.3g} s for the whole checkpoint;"
+                       f" {'binding for ' + ' and '.join(binding) if binding else 'not binding'})")
+        meta = f"save {s.metadata_s:.3g} s"
+        if self.restore is not None:
+            meta += f", restore {self.restore.metadata_s:.3g} s"
+        out.append(f"metadata: the measured manifest and commit time ({meta}) added once, not"
+                   " scaled to the target's chunk count")
+        out.append(f"restart overhead: {self.restart_overhead_s:.3g} s added to the restore"
+                   f" ({self.restart_source})")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        def phase(p: PhaseEstimate | None) -> dict[str, Any] | None:
+            return None if p is None else {**asdict(p), "capped": p.capped}
+
+        return {
+            "inputs": self.inputs(),
+            "assumptions": self.assumptions(),
+            "save": phase(self.save),
+            "restore": phase(self.restore),
+            "save_s": self.save_s,
+            "restore_s": self.restore_s,
+            "restart_overhead_source": self.restart_source,
+            "warnings": [{"check": w.check, "message": w.message, "command": w.command}
+                         for w in self.warnings],
+        }
+
+
+def estimate(m: Measurement, t: Target, *, restart_overhead_s: float, restart_source: str,
+             need_restore: bool = True, force: bool = False, source: str = "--results"
+             ) -> JobEstimate:
+    """The whole job's C and R from `m`; refuses (SpecError) a measurement that cannot
+    stand for `t` unless `force`, in which case the warnings travel with the answer."""
+    if need_restore and m.restore is None:
+        raise SpecError(f"{source} {m.path}: no restore summary (the run only saved); run"
+                        " `ckptbench run` without --no-restore")
+    found = findings(m, t, need_restore)
+    if found and not force:
+        raise refusal(found, combined_command(m, t, found), f"{source} {m.path}")
+    return JobEstimate(
+        measurement=m, target=t, save=phase_estimate(m.save, t),
+        restore=phase_estimate(m.restore, t) if m.restore is not None else None,
+        restart_overhead_s=restart_overhead_s, restart_source=restart_source,
+        warnings=tuple(found),
+    )

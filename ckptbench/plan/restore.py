@@ -1,0 +1,270 @@
+"""The restore plan: which saved chunks each rank of the restore layout reads, as DCP loads.
+
+torch DCP's default load planner gives every tensor a rank holds in the layout it restarts
+with (its DTensor piece there) one read item per **saved chunk that overlaps** the piece,
+with torch's overlap test (``o1 < o2 + s2 and o2 < o1 + s1`` in every dimension, so an
+empty piece strictly inside a saved chunk still reads it), and ``FileSystemReader`` reads
+each item's whole storage range. So a rank reads every overlapping saved chunk **whole**,
+from whichever file holds it, and state written once (HSDP replicas, TP-replicated norms,
+``step`` scalars) is read by every rank that holds it.
+
+Order, as DCP's: a rank's read items follow its flattened state dict (model keys, then
+optimizer keys parameter by parameter; the save plan's key ids are that order), and for
+one key the saved chunks in metadata order (by writer rank); ``read_data`` then visits the
+files in order of first appearance, each file's items in that order.
+
+The Megatron-DeepSpeed layout (DLIO) reads back exactly the files each rank wrote.
+
+Plans for 16k ranks hold millions of reads, so a restore plan is two arrays: the saved
+chunk of every read (an index into the save plan's chunk table), rank by rank, and each
+rank's first read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ckptbench.models import model_tensors
+from ckptbench.plan.core import Plan
+from ckptbench.plan.dtensor import gather_ranges, piece_groups
+from ckptbench.plan.mesh import stage_mesh
+from ckptbench.plan.pipeline import split_by_stage
+from ckptbench.plan.sharding import MAX_DIMS
+from ckptbench.plan.state import model_entry, optimizer_entries
+from ckptbench.spec import ParallelSpec
+
+RESTORE_PLAN_SCHEMA = "ckptbench.restoreplan/1"
+
+
+@dataclass(frozen=True, eq=False)
+class RestorePlan:
+    """Reads of every rank of the restore layout (`layout`) from the checkpoint `save`."""
+
+    save: Plan
+    layout: ParallelSpec
+    read_chunk: np.ndarray  # int64 [reads]: saved chunk of each read, rank by rank, DCP order
+    rank_ptr: np.ndarray  # int64 [world_size + 1]: the reads of rank r are [ptr[r], ptr[r+1])
+    source: str  # "dcp" (DCP's default load planner) or "dlio" (what DLIO reads back)
+
+    def __post_init__(self) -> None:
+        for name in ("read_chunk", "rank_ptr"):
+            a = np.ascontiguousarray(getattr(self, name), dtype=np.int64)
+            a.flags.writeable = False
+            object.__setattr__(self, name, a)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def n_reads(self) -> int:
+        return len(self.read_chunk)
+
+    def reads_of_rank(self, rank: int) -> np.ndarray:
+        """Saved chunk indices rank `rank` reads, in order."""
+        return self.read_chunk[self.rank_ptr[rank]:self.rank_ptr[rank + 1]]
+
+    def read_bytes(self) -> np.ndarray:
+        """Payload bytes of every read, int64 [reads]."""
+        out: np.ndarray = self.save.chunk_nbytes[self.read_chunk]
+        return out
+
+    def rank_bytes(self) -> np.ndarray:
+        """Bytes each rank of the restore layout reads, int64 [world_size]."""
+        csum = np.concatenate([[0], np.cumsum(self.read_bytes())])
+        out: np.ndarray = (csum[self.rank_ptr[1:]] - csum[self.rank_ptr[:-1]]).astype(np.int64)
+        return out
+
+    def bytes_of_ranks(self, ranks: list[int]) -> int:
+        return int(self.rank_bytes()[ranks].sum()) if ranks else 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes all ranks read together."""
+        return int(self.read_bytes().sum())
+
+    @property
+    def amplification(self) -> float:
+        """Bytes read / checkpoint bytes (1.0: every saved byte read once)."""
+        saved = self.save.total_bytes
+        return self.total_bytes / saved if saved else 0.0
+
+    def read_ranks(self) -> np.ndarray:
+        """The restore rank of every read, int64 [reads]."""
+        return np.repeat(np.arange(self.world_size, dtype=np.int64), np.diff(self.rank_ptr))
+
+    def file_readers(self) -> np.ndarray:
+        """Distinct ranks reading each file of the checkpoint (its fan-in), int64 [files]."""
+        nonempty = self.read_bytes() > 0
+        files = self.save.chunk_file[self.read_chunk[nonempty]].astype(np.int64)
+        ranks = self.read_ranks()[nonempty]
+        # A rank's reads of one file are consecutive (DCP reads file by file), so each run
+        # of (rank, file) is one distinct reader of the file.
+        starts = np.ones(len(files), dtype=bool)
+        starts[1:] = (files[1:] != files[:-1]) | (ranks[1:] != ranks[:-1])
+        return np.bincount(files[starts], minlength=self.save.n_files).astype(np.int64)
+
+
+def build_restore_plan(plan: Plan) -> RestorePlan:
+    """The restore plan of `plan`'s checkpoint onto its workload's restore layout."""
+    w = plan.workload
+    if w.parallel.layout == "megatron-deepspeed":
+        return own_files_plan(plan, "dlio")
+    read_rank, read_chunk = _dcp_reads(plan)
+    order = _dcp_order(plan, read_rank, read_chunk)
+    read_rank, read_chunk = read_rank[order], read_chunk[order]
+    world = w.restore_parallel.world_size
+    ptr = np.searchsorted(read_rank, np.arange(world + 1))
+    return RestorePlan(plan, w.restore_parallel, read_chunk, ptr, "dcp")
+
+
+_BUILT: weakref.WeakKeyDictionary[Plan, RestorePlan] = weakref.WeakKeyDictionary()
+
+
+def restore_plan_of(plan: Plan) -> RestorePlan:
+    """The restore plan of `plan`, built once per plan (processes forked after the first
+    call share it)."""
+    rplan = _BUILT.get(plan)
+    if rplan is None:
+        rplan = _BUILT[plan] = build_restore_plan(plan)
+    return rplan
+
+
+def own_files_plan(plan: Plan, source: str) -> RestorePlan:
+    """Every rank reads back the files it wrote, whole, in plan order (DLIO's load; the
+    restore layout is the training layout)."""
+    file_ptr = np.searchsorted(plan.chunk_file, np.arange(plan.n_files + 1))
+    rank_first_file = np.searchsorted(plan.file_rank, np.arange(plan.world_size + 1))
+    return RestorePlan(plan, plan.workload.parallel, np.arange(plan.n_chunks),
+                       file_ptr[rank_first_file], source)
+
+
+def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(restore rank, saved chunk) of every read, unordered."""
+    w = plan.workload
+    layout = w.restore_parallel
+    restore_w = replace(w, parallel=layout)
+    key_ids = {k.name: i for i, k in enumerate(plan.keys)}
+    off, size = plan.chunk_offsets, plan.chunk_sizes
+    # Each key's chunks in one canonical order (by offsets, then sizes): all the keys of
+    # a parameter have the same pieces, so position p means the same piece in each.
+    canon = np.lexsort((size[:, 2], size[:, 1], size[:, 0], off[:, 2], off[:, 1], off[:, 0],
+                        plan.chunk_key))
+    key_ptr = np.searchsorted(plan.chunk_key[canon], np.arange(len(plan.keys) + 1))
+    ranks: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []
+    by_stage = split_by_stage(model_tensors(w.model), w.model.layers, layout.pp)
+    # Layers repeat: tensors of one shape and role have the same pieces in every stage
+    # (ranks aside) and the same saved chunks, so their overlaps are computed once.
+    cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    for stage, tensors in enumerate(by_stage):
+        mesh = stage_mesh(layout, stage)
+        first_rank = int(mesh.ranks[0])
+        for t in tensors:
+            k0 = key_ids[f"model.{t.fqn}"]
+            a, b = int(key_ptr[k0]), int(key_ptr[k0 + 1])
+            saved = canon[a:b]
+            hit = cache.get((t.shape, t.role))
+            if hit is None or not (np.array_equal(hit[0], off[saved])
+                                   and np.array_equal(hit[1], size[saved])):
+                g_off, g_size, _first, g_count, holders = piece_groups(t, restore_w, mesh)
+                group, pos = overlaps(g_off, g_size, off[saved], size[saved], len(t.shape))
+                holder_ptr = np.concatenate([[0], np.cumsum(g_count)])
+                local = holders[gather_ranges(holder_ptr, group)].astype(np.int64) - first_rank
+                hit = cache[(t.shape, t.role)] = (off[saved], size[saved], local,
+                                                  np.repeat(pos, g_count[group]))
+            holder_rank, holder_pos = hit[2] + first_rank, hit[3]
+            for entry in [model_entry(t, w.state), *optimizer_entries(t, w.state)]:
+                k = key_ids[entry.name]
+                if entry.scalar:  # a plain 0-d tensor: every rank of the stage reads it
+                    ranks.append(mesh.ranks.astype(np.int64))
+                    chunks.append(np.full(len(mesh.ranks), canon[key_ptr[k]], dtype=np.int64))
+                    continue
+                if key_ptr[k + 1] - key_ptr[k] != b - a:
+                    raise ValueError(f"{entry.name}: pieces differ from model.{t.fqn}'s")
+                ranks.append(holder_rank)
+                chunks.append(canon[key_ptr[k] + holder_pos])
+    if not ranks:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(ranks), np.concatenate(chunks).astype(np.int64)
+
+
+def _dcp_order(plan: Plan, rank: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """Permutation putting reads in DCP's order: by rank; inside a rank, files in order of
+    first appearance in the load plan (key, then writer rank), items in that order."""
+    n = len(rank)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    pos, per_key = _chunk_positions(plan)
+    item = (rank * len(plan.keys) + plan.chunk_key[chunk].astype(np.int64)) * per_key + pos[chunk]
+    by_item = np.argsort(item)  # items are unique: no need for a stable sort
+    group = rank[by_item] * plan.n_files + plan.chunk_file[chunk[by_item]].astype(np.int64)
+    _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+    regroup = np.argsort(first[inverse.reshape(-1)].astype(np.int64) * n + np.arange(n))
+    return by_item[regroup]
+
+
+def _chunk_positions(plan: Plan) -> tuple[np.ndarray, int]:
+    """Each saved chunk's place among its key's chunks in DCP's read order, and the most
+    chunks any key has. torch 2.15 sweeps the saved chunks along the key's longest
+    dimension (the first of equals) and emits overlaps by (end on that dimension, index
+    in the metadata); the metadata lists chunks by writer rank."""
+    shapes = np.ones((len(plan.keys), MAX_DIMS), dtype=np.int64)
+    ndims = np.zeros(len(plan.keys), dtype=np.int64)
+    for i, k in enumerate(plan.keys):
+        shapes[i, :len(k.global_shape)] = k.global_shape
+        ndims[i] = len(k.global_shape)
+    sweep = np.argmax(shapes, axis=1)[plan.chunk_key]
+    rows = np.arange(plan.n_chunks)
+    end = plan.chunk_offsets[rows, sweep] + plan.chunk_sizes[rows, sweep]
+    end = np.where(ndims[plan.chunk_key] == 0, 1, end)
+    writer = plan.file_rank[plan.chunk_file]
+    order = np.lexsort((writer, end, plan.chunk_key))
+    first = np.searchsorted(plan.chunk_key[order], plan.chunk_key[order], side="left")
+    pos = np.empty(plan.n_chunks, dtype=np.int64)
+    pos[order] = np.arange(plan.n_chunks) - first
+    return pos, int(pos.max()) + 1 if plan.n_chunks else 1
+
+
+def overlaps(r_off: np.ndarray, r_size: np.ndarray, s_off: np.ndarray, s_size: np.ndarray,
+             ndim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (restore piece, saved chunk) that overlap by torch's test, every dimension:
+    ``o1 < o2 + s2 and o2 < o1 + s1``. Saved chunks are looked up on dimension 0 by binary
+    search (they are sorted by start and, in every layout here, by end too); the other
+    dimensions filter the candidates."""
+    nr, ns = len(r_off), len(s_off)
+    if ndim == 0:
+        return np.repeat(np.arange(nr), ns), np.tile(np.arange(ns), nr)
+    start, end = s_off[:, 0], s_off[:, 0] + s_size[:, 0]
+    srt = np.lexsort((end, start))
+    ss, ee = start[srt], end[srt]
+    if np.all(np.diff(ee) >= 0):
+        a = r_off[:, 0]
+        lo = np.searchsorted(ee, a, side="right")
+        hi = np.searchsorted(ss, a + r_size[:, 0], side="left")
+        count = np.maximum(hi - lo, 0)
+        group = np.repeat(np.arange(nr), count)
+        ptr = np.concatenate([[0], np.cumsum(count)])
+        cand = srt[np.repeat(lo, count) + (np.arange(int(ptr[-1])) - ptr[group])]
+    else:  # nested intervals on dimension 0: test every pair (small plans only)
+        group, cand = np.repeat(np.arange(nr), ns), np.tile(np.arange(ns), nr)
+    keep = np.ones(len(group), dtype=bool)
+    for d in range(ndim):
+        o1, s1 = r_off[group, d], r_size[group, d]
+        o2, s2 = s_off[cand, d], s_size[cand, d]
+        keep &= (o1 < o2 + s2) & (o2 < o1 + s1)
+    return group[keep], cand[keep]
+
+
+__all__ = [
+    "RESTORE_PLAN_SCHEMA",
+    "RestorePlan",
+    "build_restore_plan",
+    "overlaps",
+    "own_files_plan",
+    "restore_plan_of",
+]

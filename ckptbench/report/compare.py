@@ -1,0 +1,91 @@
+"""What sets runs apart: each run's options as short facets, and the facets that differ.
+
+Compared runs are told apart by what differs between them (io mode, format, ranks, scale,
+payload, ...), never by a workload name they share; what they have in common is said
+once. The facets come from the run record (``options``, the backend's options under
+``environment.target``, the plan and the host), so results files written before a facet
+existed still compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ckptbench.units import format_size
+
+# Facet order in tables and labels: what people vary most often first.
+ORDER = ("workload", "backend", "io", "format", "codec", "ranks", "scale", "payload", "threads",
+         "block", "prefill", "cache", "shift", "seed", "launcher", "fs", "device", "host")
+
+
+def facets(run: dict[str, Any]) -> dict[str, str]:
+    """A run record's options as short strings, in :data:`ORDER` (backend options after)."""
+    opts = run.get("options", {})
+    env = run.get("environment", {})
+    target = env.get("target", {})
+    backend_opts = dict(target.get("options") or {})
+    plan = run.get("plan", {})
+    shift = run.get("restore_shift", {})
+    raw: dict[str, Any] = {
+        "workload": run.get("workload", {}).get("name"),
+        "backend": target.get("backend"),
+        "io": backend_opts.pop("io", None),
+        "format": opts.get("format", "raw"),
+        "codec": str(opts.get("codec", "none")).replace(",", ", "),  # wraps at the commas
+        "ranks": f"{len(run['ranks'])}/{plan.get('world_size', '?')}" if "ranks" in run else None,
+        "scale": run.get("scale"),
+        "payload": opts.get("payload"),
+        "threads": opts.get("threads"),
+        "block": format_size(opts["block_size"]) if "block_size" in opts else None,
+        "prefill": format_size(opts["prefill_bytes"]) if "prefill_bytes" in opts else None,
+        "cache": opts.get("cache"),
+        "shift": shift.get("value") if isinstance(shift, dict) else shift,
+        "seed": opts.get("seed"),
+        "launcher": run.get("launcher"),
+        "fs": target.get("fs_type"),
+        "device": target.get("device"),
+        "host": env.get("host"),
+    }
+    out = {k: str(v) for k, v in raw.items() if v is not None}
+    out.update({k.replace("_", "-"): _short(v) for k, v in sorted(backend_opts.items())
+                if v is not None})
+    return out
+
+
+def _short(value: Any) -> str:
+    return format_size(value) if isinstance(value, int) and value >= 1 << 20 else str(value)
+
+
+def differing(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The facets whose values are not the same in every run (one run: none)."""
+    all_facets = [facets(r) for r in runs]
+    keys = list(dict.fromkeys(k for f in all_facets for k in f))
+    return [k for k in keys if len({f.get(k, "-") for f in all_facets}) > 1]
+
+
+def common(runs: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The facets every run shares (said once, above a comparison)."""
+    if not runs:
+        return {}
+    all_facets = [facets(r) for r in runs]
+    return {k: v for k, v in all_facets[0].items() if all(f.get(k) == v for f in all_facets[1:])}
+
+
+def labels(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """One label per run: its differing facets ('io=direct format=zarr'); the workload name
+    for one run; '#n' appended where labels would still collide."""
+    keys = differing(runs)
+    out = []
+    for r in runs:
+        f = facets(r)
+        out.append(" ".join(f"{k}={f.get(k, '-')}" for k in keys) if keys
+                   else f.get("workload", "?"))
+    if len(set(out)) < len(out):
+        out = [f"#{i} {label}" for i, label in enumerate(out, 1)]
+    return out
+
+
+def describe(values: dict[str, str]) -> str:
+    """'io=buffered, format=raw, ...' for a caption."""
+    return ", ".join(f"{k}={v}" for k, v in values.items())

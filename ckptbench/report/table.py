@@ -1,0 +1,245 @@
+"""The summary as a table: cells built once (a :class:`Grid`), shown in a terminal of any
+width or as HTML.
+
+A terminal table never cuts a number: numeric columns keep their full width, and a table
+wider than the terminal is split into parts stacked one under the other, each repeating
+the columns that name a row (run, phase). Every column header says which statistic it
+shows (median iteration, worst iteration, range over iterations, all calls).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ckptbench.report import compare
+
+STATS = {
+    "med": "median over iterations",
+    "worst": "the worst iteration (its slowest rank finished last)",
+    "min-max": "lowest and highest over iterations",
+    "all": "over every call of every iteration",
+}
+TEXT_CAP = 24  # text cells wider than this wrap (text only: numeric cells never do)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A header (its lines: short, never wrapped), the statistic it shows (the last line),
+    and whether it names the row (repeated in every part of a split table) or holds
+    numbers (never wrapped)."""
+
+    name: str
+    stat: str = ""
+    key: bool = False
+    numeric: bool = True
+
+    @property
+    def header(self) -> str:
+        return f"{self.name}\n{self.stat}" if self.stat else self.name
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table's cells, its title and the notes printed under it."""
+
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
+
+    def width_of(self, i: int) -> int:
+        """Column i's width: its widest cell and header line (text capped at TEXT_CAP)."""
+        col = self.columns[i]
+        lines = [len(line) for line in col.header.splitlines()]
+        if col.numeric:
+            return max([len(r[i]) for r in self.rows] + lines + [1])
+        cap = max([TEXT_CAP, *lines])  # text wraps at spaces to fit the cap
+        wrapped = [len(x) for r in self.rows
+                   for x in textwrap.wrap(r[i], cap, break_long_words=False) or [""]]
+        return max(wrapped + lines + [1])
+
+    def longest_word(self, i: int) -> int:
+        """The narrowest column i may be: its longest word or header line."""
+        words = [len(w) for r in self.rows for w in r[i].split()]
+        return max(words + [len(line) for line in self.columns[i].header.splitlines()] + [1])
+
+
+def _gbps(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e9:.3f}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def _data_op(phase: str, latency: dict[str, Any]) -> str:
+    op = "write" if phase == "save" else "read"
+    return f"{op}_shard" if op not in latency and f"{op}_shard" in latency else op  # zarr
+
+
+def _slowest(res: dict[str, Any], s: dict[str, Any]) -> tuple[str, float]:
+    """The rank that finished last in the worst iteration, and when (summaries written
+    before they carried the rank's id: from the per-iteration figures)."""
+    if "slowest_rank" in s:
+        return str(s["slowest_rank"]), s["slowest_rank_seconds_max"]
+    sel = [i for i in res.get("iterations", []) if i["phase"] == s["phase"]]
+    if not sel:
+        return "-", s["slowest_rank_seconds_max"]
+    worst = max(sel, key=lambda i: i["slowest_rank_seconds"])
+    return str(worst["slowest_rank"]), worst["slowest_rank_seconds"]
+
+
+def _run_names(loaded: Sequence[dict[str, Any]]) -> list[str]:
+    return [f"#{i}" for i in range(1, len(loaded) + 1)] if len(loaded) > 1 else [""]
+
+
+def _heading(title: str, loaded: Sequence[dict[str, Any]]) -> tuple[str, list[str]]:
+    """The title (one run: its workload) and the notes: one run's options, or what names
+    each compared run and what they share."""
+    runs = [r["run"] for r in loaded]
+    if len(loaded) == 1:
+        f = compare.facets(runs[0])
+        return f"{title} for {f.get('workload', '?')}", [f"options: {compare.describe(f)}"]
+    notes = [f"#{i}: {r['path']}" for i, r in enumerate(loaded, 1)]
+    same = compare.common(runs)
+    if same:
+        notes.append(f"same in all runs: {compare.describe(same)}")
+    return title, notes
+
+
+def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
+    """One row per run and phase, with the options that differ between runs as columns."""
+    runs = [r["run"] for r in loaded]
+    keys = compare.differing(runs)
+    several = len(loaded) > 1
+    cols = ([Column("run", key=True, numeric=False)] if several else []) + \
+        [Column(k, numeric=False) for k in keys] + [
+        Column("phase", key=True, numeric=False), Column("iters"), Column("GiB"),
+        Column("s", "med"), Column("GB/s", "med"), Column("GB/s", "min-max"),
+        Column("min rank\nGB/s", "worst"), Column("slowest\nrank", "worst"),
+        Column("slowest\nrank s", "worst"), Column("gap s", "med"), Column("op", numeric=False),
+        Column("p50 ms", "all"), Column("p99 ms", "all"), Column("cache", numeric=False)]
+    rows = []
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        f = compare.facets(res["run"])
+        lead = ([name] if several else []) + [f.get(k, "-") for k in keys]
+        for s in res["summary"]:
+            op = _data_op(s["phase"], s["latency"])
+            lat = s["latency"].get(op, {})
+            rank_id, rank_s = _slowest(res, s)
+            cache = s.get("cache") or "-"
+            rows.append((*lead, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
+                         f"{s['seconds']:.3f}", _gbps(s["throughput_bytes_per_s"]),
+                         f"{_gbps(s['throughput_min'])}-{_gbps(s['throughput_max'])}",
+                         _gbps(s["rank_throughput_min_bytes_per_s"]), rank_id, f"{rank_s:.3f}",
+                         f"{s['first_to_last_gap_s_median']:.3f}", op,
+                         _ms(lat.get("p50_s")), _ms(lat.get("p99_s")),
+                         cache if isinstance(cache, str) else ",".join(cache)))
+    title, notes = _heading("ckptbench results", loaded)
+    legend = "; ".join(f"{k}: {v}" for k, v in STATS.items())
+    notes += [f"GB/s = 1e9 B/s, GiB = 2^30 B. {legend}."]
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        notes += [f"FAILED {name + ' ' if name else ''}{e['phase']} iteration {e['iteration']}: "
+                  f"{e['message']}" for e in res["errors"]]
+    return Grid(title, tuple(cols), tuple(rows), tuple(notes))
+
+
+def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
+    """Logical vs stored bytes and throughput, for runs whose format records stored bytes
+    (zarr after its codec); None when no run does."""
+    several = len(loaded) > 1
+    rows = []
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        codec = compare.facets(res["run"]).get("codec", "-")
+        for s in res["summary"]:
+            if "stored_bytes" not in s:
+                continue
+            ratio = s.get("compression_ratio")
+            rows.append(((name,) if several else ()) + (
+                s["phase"], codec, f"{s['bytes'] / 2**30:.3f}", f"{s['stored_bytes'] / 2**30:.3f}",
+                "-" if ratio is None else f"{ratio:.3f}", _gbps(s["throughput_bytes_per_s"]),
+                _gbps(s["stored_throughput_bytes_per_s"])))
+    if not rows:
+        return None
+    cols = ([Column("run", key=True, numeric=False)] if several else []) + [
+        Column("phase", key=True, numeric=False), Column("codec", numeric=False),
+        Column("logical GiB"), Column("stored GiB"), Column("ratio", "med"),
+        Column("logical GB/s", "med"), Column("stored GB/s", "med")]
+    return Grid("stored bytes (zarr: after the codec)", tuple(cols), tuple(rows))
+
+
+def table_width(widths: Sequence[int]) -> int:
+    """Characters a rich table with the default box takes: each cell padded by one space
+    on each side, a rule between and around the columns."""
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def split(grid: Grid, limit: int | None) -> list[list[tuple[int, int]]]:
+    """(column index, width) of each part: every part within `limit` characters (None: one
+    part), the key columns in all of them, the other columns in order. A text column too
+    wide for a part of its own is narrowed (it wraps, down to its longest word)."""
+    widths = [grid.width_of(i) for i in range(len(grid.columns))]
+    if limit is None:
+        return [list(enumerate(widths))]
+    keys = [i for i, c in enumerate(grid.columns) if c.key]
+    for i, c in enumerate(grid.columns):
+        excess = table_width([widths[j] for j in [*keys, i]]) - limit
+        if not c.numeric and not c.key and excess > 0:
+            widths[i] = max(widths[i] - excess, grid.longest_word(i))
+    parts: list[list[int]] = []
+    part = list(keys)
+    for i in (i for i, c in enumerate(grid.columns) if not c.key):
+        if len(part) > len(keys) and table_width([widths[j] for j in [*part, i]]) > limit:
+            parts.append(part)
+            part = list(keys)
+        part.append(i)
+    parts.append(part)
+    return [[(i, widths[i]) for i in sorted(p)] for p in parts]
+
+
+def render(console: Console, grid: Grid, width: int | None) -> None:
+    """Print `grid` within `width` columns (None: as wide as the table needs)."""
+    parts = split(grid, width)
+    for n, part in enumerate(parts, 1):
+        title = grid.title if len(parts) == 1 else f"{grid.title} ({n} of {len(parts)})"
+        table = Table(title=title, title_justify="left")
+        for i, w in part:
+            col = grid.columns[i]
+            table.add_column(col.header, justify="right" if col.numeric else "left",
+                             no_wrap=col.numeric, overflow="fold", min_width=w, max_width=w)
+        for row in grid.rows:
+            table.add_row(*(row[i] for i, _ in part))
+        need = table_width([w for _, w in part])
+        console.print(table, width=max(need, width or 0), crop=False)
+    for note in grid.notes:
+        console.print(note, width=width, highlight=False, markup=False, crop=False)
+
+
+def render_summary(console: Console, loaded: Sequence[dict[str, Any]], width: int | None) -> None:
+    """The summary table, and the stored-bytes table when a run recorded stored bytes."""
+    render(console, summary_grid(loaded), width)
+    stored = storage_grid(loaded)
+    if stored is not None:
+        render(console, stored, width)
+
+
+def output_width(wide: bool, width: int | None) -> int | None:
+    """The width tables must fit: None with `wide` (as wide as they need, for logs and
+    pipes read later), else `width`, else the terminal's (``$COLUMNS``; 80 when the output
+    is a pipe, as under mpirun)."""
+    if wide:
+        return None
+    return width or Console().width
+
+
+def console_for(width: int | None, plain: bool = False) -> Console:
+    """A console that prints `width` columns (None: as many as a line needs); `plain`: no
+    colours or styles even on a terminal (MPI ranks print to a pseudo-terminal that
+    mpirun copies into logs)."""
+    return Console(width=width or 100_000, force_terminal=False if plain else None)

@@ -1,0 +1,122 @@
+"""The stall detector: a process whose I/O moved no byte for too long has failed.
+
+Timeouts on each storage call bound one call, but not a run whose calls keep being
+retried, nor a file system that stops answering (a hung NFS or FUSE mount, a frozen
+object store behind a proxy that holds connections open). So every process watches
+itself: while its format saves or restores (the only time it has bytes to move), each
+block, chunk or part it moves resets a clock, and a watchdog thread that sees the clock
+pass ``--stall-timeout`` ends the process through the launcher's ``on_stall`` (local
+processes: report to the parent and exit; MPI ranks: print and exit, which ends the
+job). Waiting for the other processes (barriers, gathers) does not count as stalling:
+a process that finished its share waits for the slowest one, which watches itself.
+
+A format that cannot report bytes as they move (torch-dcp: one op per save) is not
+watched; its storage calls' own timeouts still apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+OnStall = Callable[[str], None]
+
+
+class StallWatch:
+    """Calls `on_stall(message)` once, from a watchdog thread, when the watch is armed and
+    no tick came for `timeout` seconds; `timeout` 0 turns it off."""
+
+    def __init__(self, timeout: float, on_stall: OnStall, who: str = "this process") -> None:
+        self.timeout = timeout
+        self.on_stall = on_stall
+        self.who = who
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._what: str | None = None  # what is being watched; None: not armed
+        self._paused = 0
+        self._thread: threading.Thread | None = None
+        self.fired = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout > 0
+
+    def tick(self, _n: int = 0) -> None:
+        """Bytes moved: the clock starts again."""
+        self._last = time.monotonic()
+
+    @contextlib.contextmanager
+    def watching(self, what: str) -> Iterator[None]:
+        """Armed for the duration: `what` ("the save of checkpoint-1") names it."""
+        if not self.enabled:
+            yield
+            return
+        with self._lock:
+            self._what, self._last = what, time.monotonic()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ckptbench-stall",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._what = None
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Waiting for other processes (not a stall of this one): the clock is held."""
+        with self._lock:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+                self._last = time.monotonic()
+
+    def _run(self) -> None:
+        period = min(1.0, self.timeout / 4)
+        while not self.fired:
+            time.sleep(period)
+            with self._lock:
+                what = self._what
+                idle = time.monotonic() - self._last
+                stalled = what is not None and not self._paused and idle >= self.timeout
+            if stalled:
+                self.fired = True
+                self.on_stall(f"{self.who} stalled: no byte moved for {self.timeout:g} s during {what} "
+                              f"(--stall-timeout {self.timeout:g}s); the storage stopped "
+                              "answering, or allow slower storage a larger --stall-timeout")
+
+
+class WatchedGroup:
+    """A format's Group whose collectives hold the stall clock (waiting for peers)."""
+
+    def __init__(self, group: Any, watch: StallWatch) -> None:
+        self._group = group
+        self._watch = watch
+        self.rank: int = group.rank
+        self.size: int = group.size
+
+    def barrier(self) -> None:
+        with self._watch.waiting():
+            self._group.barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        with self._watch.waiting():
+            out: list[Any] | None = self._group.gather(obj)
+        return out
+
+    def bcast(self, obj: Any) -> Any:
+        with self._watch.waiting():
+            return self._group.bcast(obj)
+
+    def host(self) -> str:
+        return str(self._group.host())
+
+    def __getattr__(self, name: str) -> Any:  # clock offsets and the like: the group's own
+        return getattr(self._group, name)

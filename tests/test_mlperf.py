@@ -1,0 +1,135 @@
+"""MLPerf Storage v2.0 side by side: both views from the same records, and the rules."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptbench.mlperf import GIB, RunFacts, compare, facts, rules
+
+ROOT = Path(__file__).resolve().parent.parent
+MS = 1_000_000
+
+
+def op(it: int, phase: str, rank: int, name: str, a_ms: float, b_ms: float, nbytes: int = 0,
+       thread: int = 0) -> dict[str, Any]:
+    return {"type": "op", "iteration": it, "phase": phase, "rank": rank, "thread": thread,
+            "op": name, "file": f"f{rank}", "bytes": nbytes, "start_ns": int(a_ms * MS),
+            "end_ns": int(b_ms * MS)}
+
+
+def save_iteration(it: int, t0: float, slow_ms: float) -> list[dict[str, Any]]:
+    """Rank 0: write 500 ms then fsync 300 ms; rank 1 ends at `slow_ms`; commit 10 ms."""
+    return [
+        op(it, "save", 0, "open", t0, t0 + 1),
+        op(it, "save", 0, "write", t0 + 1, t0 + 501, GIB + 100),
+        op(it, "save", 0, "fsync", t0 + 501, t0 + 801),
+        op(it, "save", 1, "open", t0, t0 + 1),
+        op(it, "save", 1, "write", t0 + 1, t0 + slow_ms - 100, GIB + 100),
+        op(it, "save", 1, "fsync", t0 + slow_ms - 100, t0 + slow_ms),
+        op(it, "save", 0, "commit", t0 + slow_ms, t0 + slow_ms + 10, thread=-1),
+    ]
+
+
+def test_both_views_from_synthetic_records() -> None:
+    recs = save_iteration(1, 0, 1000) + save_iteration(2, 5000, 2000)
+    c = compare(recs, "save", 2 * GIB)
+    # MLPerf: rank 0's span (801 ms) less its fsync (300 ms), tensor bytes, GiB/s
+    assert c.mlperf.seconds == pytest.approx([0.501, 0.501])
+    assert c.mlperf.gibps == pytest.approx([2 / 0.501] * 2)
+    assert c.mlperf_with_fsync.gibps == pytest.approx([2 / 0.801] * 2)
+    # ckptbench: first call to the commit's end, bytes written (container bytes)
+    assert c.ckptbench.seconds == pytest.approx([1.010, 2.010])
+    written = (2 * GIB + 200) / GIB
+    assert c.ckptbench.gibps == pytest.approx([written / 1.010, written / 2.010])
+    assert c.ckptbench.mean == pytest.approx(statistics.fmean(c.ckptbench.gibps))
+    assert c.ckptbench.stdev == pytest.approx(statistics.stdev(c.ckptbench.gibps))
+    assert c.mlperf.stdev == pytest.approx(0.0)
+    assert c.ratio == pytest.approx(c.mlperf.mean / c.ckptbench.mean)
+    assert c.container_bytes - c.tensor_bytes == 200
+
+
+def test_restore_view_counts_the_manifest_in_ckptbench_only() -> None:
+    recs = [
+        {"type": "op", "iteration": 1, "phase": "restore", "rank": -1, "process": 0, "thread": -1,
+         "op": "manifest", "file": ".metadata", "bytes": 0, "start_ns": 0, "end_ns": 50 * MS},
+        op(1, "restore", 0, "read", 50, 550, GIB),
+        op(1, "restore", 1, "read", 50, 1050, GIB),
+    ]
+    c = compare(recs, "restore", 2 * GIB)
+    assert c.mlperf.seconds == pytest.approx([0.5]) and c.mlperf.gibps == pytest.approx([4.0])
+    assert c.ckptbench.seconds == pytest.approx([1.05])
+    assert c.ratio == pytest.approx(4.0 / (2 / 1.05))
+
+
+def _facts(**kw: Any) -> RunFacts:
+    base: dict[str, Any] = dict(
+        workload="mlperf-llama3-405b", world_size=512, ranks=8, scale=1, iterations=10,
+        hosts=1, host_memory_bytes=64 * GIB, bytes_per_host=400 * GIB, files_written=10,
+        files_fsynced=10, cache="none", verified=True, interleaved=False)
+    base.update(kw)
+    return RunFacts(**base)
+
+
+def test_rules_one_line_each_with_its_name() -> None:
+    ok = {r.name: r.ok for r in rules(_facts())}
+    assert ok == {"closed.model": True, "closed.full_size": True, "closed.process_count": True,
+                  "closed.num_checkpoints": True, "closed.sequence": True, "closed.fsync": True,
+                  "closed.page_cache": True, "closed.runs": False, "closed.verification": True}
+    bad = {r.name: r for r in rules(_facts(ranks=16, scale=8, iterations=3, files_fsynced=0,
+                                           bytes_per_host=100 * GIB, interleaved=True))}
+    for name in ("closed.full_size", "closed.process_count", "closed.num_checkpoints",
+                 "closed.sequence", "closed.fsync", "closed.page_cache"):
+        assert not bad[name].ok and bad[name].line().startswith(f"FAIL {name}: ")
+    # a client writing under 3x its memory passes only when the caches were cleared
+    assert {r.name: r.ok for r in rules(_facts(bytes_per_host=100 * GIB,
+                                               cache="fadvise+drop_caches"))}["closed.page_cache"]
+
+
+def test_facts_from_records() -> None:
+    recs = [{"type": "run", "environment": {"memory_bytes": 8 * GIB}},
+            {"type": "rank", "host": "a"},
+            op(1, "save", 0, "open", 0, 1), op(1, "save", 0, "fsync", 1, 2),
+            op(1, "save", 1, "open", 0, 1),
+            {"type": "phase", "phase": "restore", "iteration": 1, "ok": True, "verified": True,
+             "cache": "fadvise+drop_caches"}]
+    f = facts(recs, workload="mlperf-llama3-8b", world_size=8, ranks=2, scale=8, iterations=1,
+              bytes_per_checkpoint=GIB)
+    assert (f.files_written, f.files_fsynced, f.host_memory_bytes, f.verified) == (2, 1, 8 * GIB, True)
+    assert f.cache == "fadvise+drop_caches"
+
+
+def test_mlperf_command_reports_both_ways(tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "ckptbench", "mlperf",
+                        str(ROOT / "workloads" / "mlperf-llama3-8b.toml"), "--scale", "32",
+                        "--ranks", "0-1", "--iterations", "2", "--target", str(tmp_path / "t"),
+                        "--results", str(results), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    save, restore = out["phases"]
+    for p in (save, restore):
+        assert len(p["mlperf"]["gibps"]) == 2 and len(p["ckptbench"]["gibps"]) == 2
+        assert p["ratio"] == pytest.approx(p["mlperf"]["gibps_mean"] / p["ckptbench"]["gibps_mean"])
+        assert p["container_bytes"] > p["tensor_bytes"]
+    # rank 0's clock without fsync can only be shorter than the whole phase with it
+    assert all(a <= b for a, b in zip(save["mlperf"]["seconds"], save["ckptbench"]["seconds"],
+                                      strict=True))
+    names = [line.split(":")[0] for line in out["rules"]]
+    assert "FAIL closed.full_size" in names and "PASS closed.fsync" in names
+    assert "FAIL closed.num_checkpoints" in names
+
+
+def test_mlperf_command_refuses_other_layouts(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "ckptbench", "mlperf",
+                        str(ROOT / "workloads" / "tiny.toml"), "--target", str(tmp_path / "t")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "megatron-deepspeed" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
