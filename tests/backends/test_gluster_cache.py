@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -98,11 +99,16 @@ class ProbedBackend(LocalBackend):
     def __init__(self, target: str) -> None:
         super().__init__(target)
         self.resident: dict[str, tuple[int, int]] = {}  # key -> (cached bytes, size)
+        # The DCP restore plan reads one file from several threads at once: the first
+        # opener measures, and no other opens it until that is done (else a second
+        # opener would measure what the first one's reads have just brought in).
+        self._lock = threading.Lock()
 
     def open_read(self, key: str) -> Any:
-        if key not in self.resident and not key.endswith(".metadata"):
-            path = self._path(key)
-            self.resident[key] = (cached_bytes(path), path.stat().st_size)
+        with self._lock:
+            if key not in self.resident and not key.endswith(".metadata"):
+                path = self._path(key)
+                self.resident[key] = (cached_bytes(path), path.stat().st_size)
         return super().open_read(key)
 
 

@@ -1,6 +1,7 @@
 """Whole runs (`ckptbench run`) on a real GlusterFS: the DCP, N-N (`per-rank`) and N-1
 (`shared`) file patterns, buffered and O_DIRECT, on a plain and a sharded volume, with
-shifted restores; what the run record says about the file system and its striping."""
+shifted restores; the restore plans (DCP's onto other layouts, each rank's files); what
+the run record says about the file system and its striping."""
 
 from __future__ import annotations
 
@@ -86,6 +87,40 @@ def test_file_pattern_round_trip(gluster: GlusterBed, tmp_path: Path, files: str
         shutil.rmtree(target, ignore_errors=True)
 
 
+
+@pytest.mark.parametrize(("volume", "args", "plan", "world", "amplification"), [
+    ("plain", ("--restore-layout", "world_size=2,tp=1"), "dcp", 2, 1.0),  # resharded
+    ("shard", ("--restore-layout", "world_size=8,dp_replicate=2"), "dcp", 8, 2.0),  # HSDP
+    ("plain", ("--restore-plan", "files", "--restore-shift", "1"), "files", 4, 1.0),
+])
+def test_restore_plans(gluster: GlusterBed, tmp_path: Path, volume: str,
+                       args: tuple[str, ...], plan: str, world: int,
+                       amplification: float) -> None:
+    """The restore plans on Gluster: DCP's load planner onto another layout (fewer
+    ranks, HSDP replicas reading the checkpoint twice), and each rank's own files read
+    back by another rank; every chunk verified, bytes read as planned."""
+    target = getattr(gluster, volume).path / f"restore-{plan}-{uuid.uuid4().hex[:6]}"
+    try:
+        recs = run(str(TINY), "--target", str(target), "--results", str(tmp_path / "r.jsonl"),
+                   "--block-size", "1MiB", *args)
+        (phase,) = [r for r in recs if r["type"] == "phase" and r["phase"] == "restore"]
+        assert phase["ok"] and phase["verified"] and phase["mismatched_chunks"] == 0
+        assert phase["restore_plan"] == plan
+        if plan == "dcp":
+            assert phase["restore_world_size"] == world
+            assert phase["amplification"] == pytest.approx(amplification, abs=0.01)
+        else:
+            assert phase["restore_shift"] == 1
+        assert phase["cache"] == "fadvise+drop_caches"
+        summaries = {s["phase"]: s for s in recs if s["type"] == "summary"}
+        assert summaries["restore"]["bytes"] == pytest.approx(
+            amplification * summaries["save"]["bytes"], rel=0.01)
+        readers = {r["rank"] for r in recs if r["type"] == "rank" and r["phase"] == "restore"}
+        assert readers == set(range(world))
+    finally:
+        import shutil
+        shutil.rmtree(target, ignore_errors=True)
+
 def test_the_workloads_stripe_size_as_the_shard_block_size_of_a_volume_we_own(
         gluster: GlusterBed, tmp_path: Path) -> None:
     """Gluster's striping is the shard translator, a volume option: for a volume the
@@ -110,7 +145,8 @@ def test_the_workloads_stripe_size_as_the_shard_block_size_of_a_volume_we_own(
             striping["reason"]
         size = plan_layout(build_plan(load_workload(w))).shared_size["checkpoint.bin"]
         pieces = sorted(p.stat().st_size for brick in server.volumes["ckbstripe"].bricks
-                        for p in (brick / ".shard").glob("*"))
+                        for p in (brick / ".shard").glob("*") if p.is_file())
+        # (.shard/.remove_me, a directory, is where Gluster notes shards to delete)
         # Block 0 stays in the base file; the others are pieces of at most 8 MiB (each
         # rank's region starts a block, so a piece ends where its region's data does).
         assert len(pieces) == -(-size // stripe) - 1
