@@ -38,6 +38,9 @@ GLUSTERD_PORT = 24007  # where bricks and clients ask glusterd (not configurable
 BRICK_LOGS = Path("/var/log/glusterfs/bricks")
 STATEDUMPS = Path("/var/run/gluster")  # where a client writes its state dump
 PACKAGES = "glusterfs-server glusterfs-client"
+# Where servers make their directories (default: the temporary directory): CI points it
+# at a directory of its own, so that gluster_sweep can end whatever a killed run left.
+BASE_ENV = "CKPTBENCH_GLUSTER_DIR"
 
 
 def unavailable() -> str | None:
@@ -133,7 +136,8 @@ class GlusterServer:
         self.glusterfs = require("glusterfs")
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="ckptbench-gluster-")
+            self._tmp = tempfile.TemporaryDirectory(prefix="ckptbench-gluster-",
+                                                    dir=os.environ.get(BASE_ENV) or None)
             base_dir = self._tmp.name
         self.base = Path(base_dir)
         self.host = host
@@ -160,6 +164,10 @@ class GlusterServer:
         return path
 
     def start(self, timeout: float = 60.0) -> GlusterServer:
+        if len(str(self.run_dir / "glusterd.socket")) > 107:  # sun_path's limit
+            self.stop()
+            raise ToolError(f"{self.base}: too long a path for glusterd's socket; use a "
+                            f"shorter directory ({BASE_ENV})")
         for sub in ("state", "run", "log", "bricks", "mnt"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         for attempt in range(3):  # another server may take the address between check and bind

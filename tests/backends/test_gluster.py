@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,16 @@ def brick_files(server: GlusterServer, volume: str) -> dict[str, dict[str, int]]
                 files[str(p.relative_to(brick))] = p.stat().st_size
         out[brick.name] = files
     return out
+
+
+def assert_untouched(gluster: GlusterBed) -> None:
+    """The session's server, its four bricks and both clients of the plain volume work."""
+    assert gluster.server.proc is not None and gluster.server.proc.poll() is None
+    assert len(gluster.server.brick_pids()) == 4
+    probe = gluster.plain.path / f"alive-{uuid.uuid4().hex[:6]}"
+    probe.write_bytes(b"ok")
+    assert (gluster.other.path / probe.name).read_bytes() == b"ok"
+    probe.unlink()
 
 
 class GlusterConformance(LocalConformance):
@@ -130,13 +141,7 @@ def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster:
         assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z", pid
     assert not is_mounted(mount) and not base.exists()
     assert not [p for p in outside if p.exists()]  # its brick sockets and logs too
-    # The session's server and mounts were not touched.
-    assert gluster.server.proc is not None and gluster.server.proc.poll() is None
-    assert len(gluster.server.brick_pids()) == 4
-    probe = gluster.plain.path / f"alive-{uuid.uuid4().hex[:6]}"
-    probe.write_bytes(b"ok")
-    assert (gluster.other.path / probe.name).read_bytes() == b"ok"
-    probe.unlink()
+    assert_untouched(gluster)
 
 
 def test_the_harness_command_needs_a_command(capsys):
@@ -146,3 +151,71 @@ def test_the_harness_command_needs_a_command(capsys):
         main([])
     assert exc.value.code == 2
     assert "a command to run is required" in capsys.readouterr().err
+
+
+LEFT_BEHIND = """
+import os, signal
+from ckptbench.testing.gluster import GlusterServer
+server = GlusterServer().start()
+server.create_volume("left")
+mount = server.mount("left")
+(mount.path / "x").write_bytes(b"x")
+print(server.base, mount.path, *server.brick_pids(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no stop(), no finalizer: what a killed CI job leaves
+"""
+
+
+def test_the_sweep_ends_what_a_killed_harness_left_and_nothing_else(
+        gluster: GlusterBed, request):
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from ckptbench.testing.gluster import BASE_ENV
+    from ckptbench.testing.gluster_sweep import main as sweep_main
+    from ckptbench.testing.gluster_sweep import mounts_under, processes_under
+
+    under = Path(tempfile.mkdtemp(prefix="ckb-sweep-"))  # short: glusterd's socket is in it
+    request.addfinalizer(lambda: shutil.rmtree(under, ignore_errors=True))
+    done = subprocess.run([sys.executable, "-c", LEFT_BEHIND], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, BASE_ENV: str(under)})
+    assert done.returncode == -9, done.stderr[-2000:]
+    base, mount, *bricks = done.stdout.split()
+    assert Path(base).parent == under and len(bricks) == 2
+    # glusterd and the client die with the harness (death signal); the bricks do not.
+    deadline = time.monotonic() + 10
+    while sorted(processes_under(under)) != sorted(map(int, bricks)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(processes_under(under)) == sorted(map(int, bricks))
+    assert mounts_under(under) == [mount]  # a dead client's mount stays in the table
+    brick_args = [Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+                  for pid in bricks]
+    outside = [Path(a[a.index(flag) + 1]) for a in brick_args for flag in ("-l", "-S")]
+    assert all(p.exists() and under not in p.parents for p in outside)
+
+    assert sweep_main([str(under)]) == 0
+    assert processes_under(under) == {} and mounts_under(under) == []
+    assert not [p for p in outside if p.exists()]
+    assert_untouched(gluster)
+
+
+def test_the_sweep_needs_a_directory(tmp_path: Path, capsys):
+    from ckptbench.testing.gluster_sweep import main as sweep_main
+
+    with pytest.raises(SystemExit) as exc:
+        sweep_main([str(tmp_path / "absent")])
+    assert exc.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_directory_too_deep_for_glusterds_socket_is_refused_in_one_line(
+        gluster: GlusterBed, tmp_path: Path):
+    from ckptbench.testing import ToolError
+
+    base = tmp_path / ("d" * 100)
+    with pytest.raises(ToolError, match=r"too long a path for glusterd's socket; use a "
+                                        r"shorter directory \(CKPTBENCH_GLUSTER_DIR\)$"):
+        GlusterServer(base).start()
+    assert not base.exists()
