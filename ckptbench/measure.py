@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.backends import BackendOptions, IOHints, open_backend
+from ckptbench.fields import parse_ranks
 from ckptbench.formats import check_format
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
-from ckptbench.spec import load_workload, parse_ranks, scaled
+from ckptbench.spec import load_workload, scaled
 
 
 def build_request(workload: str | Path, target: str, *, scale: int = 1,

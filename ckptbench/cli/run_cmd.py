@@ -25,6 +25,7 @@ from ckptbench.cli.async_options import async_options, loop_options
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.fields import parse_ranks
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
@@ -34,7 +35,7 @@ from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
-from ckptbench.spec import load_workload, parse_ranks, scaled
+from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
 
 

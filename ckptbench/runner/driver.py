@@ -19,6 +19,9 @@ cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrot
 restore (:class:`Iterations`) so that a checkpoint is claimed, committed, restored and
 removed the same way.
 
+The steps run per checkpoint in turn, or all saves and then all restores (MLPerf Storage
+v2.0's order): runner.sequence.
+
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
 the run stops with the finished iterations' records kept.
@@ -57,6 +60,7 @@ from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
+from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
 
 
@@ -81,13 +85,14 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         AsyncLoop(run).run()
         return
     restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
-    for it in range(1, options.iterations + 1):
-        if not restore_only:
+    for step in steps(options.sequence, options.iterations):  # runner.sequence
+        it = step.iteration
+        if step.save and not restore_only:
             run.claim(it)
-            name = plan.checkpoint_name(it)
-            _save(plan, run.jobs(it), run.fmt, run.watched, backend, comm, run.made, name, it,
-                  options, sink)
-        run.restore(it)
+            _save(plan, run.jobs(it), run.fmt, run.watched, backend, comm, run.made,
+                  plan.checkpoint_name(it), it, options, sink)
+        if step.read:
+            run.restore(it)
 
 
 class Iterations:

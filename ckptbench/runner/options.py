@@ -12,6 +12,7 @@ from ckptbench.backends import Backend
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
+from ckptbench.runner.sequence import RunSequence, check_sequence
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import Workload
 
@@ -79,10 +80,12 @@ class RunOptions:
     clean_debris: bool = False  # remove what interrupted runs left on the target (by name)
     mode: str = "sync"  # sync: save then restore; async: checkpoints of a training loop
     loop: LoopOptions = field(default_factory=LoopOptions)  # --mode async only
+    sequence: RunSequence = "interleaved"  # or writes-then-reads (runner.sequence)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SpecError(f"--mode {self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        check_sequence(self.sequence)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
