@@ -56,9 +56,10 @@ from benchmarks.machine_state import (  # noqa: E402
     warm_size,
 )
 from ckptbench.errors import CkptbenchError, SpecError  # noqa: E402
+from ckptbench.fields import parse_ranks  # noqa: E402
 from ckptbench.measure import build_request, measure  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
-from ckptbench.spec import load_workload, parse_ranks, scaled  # noqa: E402
+from ckptbench.spec import load_workload, scaled  # noqa: E402
 from ckptbench.testing import FioJob, find_binary, run_fio  # noqa: E402
 from ckptbench.units import parse_size  # noqa: E402
 

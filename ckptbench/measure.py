@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.backends import BackendOptions, IOHints, open_backend
+from ckptbench.fields import parse_ranks
 from ckptbench.formats import check_format
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
-from ckptbench.report import summarize, view
+from ckptbench.report import summarize, summarize_async, view
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
-from ckptbench.spec import load_workload, parse_ranks, scaled
+from ckptbench.spec import load_workload, scaled
 
 
 def build_request(workload: str | Path, target: str, *, scale: int = 1,
@@ -29,7 +30,8 @@ def build_request(workload: str | Path, target: str, *, scale: int = 1,
     `scale`, the plan ranks to run ('0-7' or a list; default all), the target's backend with
     its options (typed, or option names -> values) and the runner's I/O hints, and any
     RunOptions field (iterations, threads, block_size, format, codec, ...). Every check the
-    CLI makes happens here (one-line errors)."""
+    CLI makes happens here (one-line errors). --mode async: mode="async" and
+    loop=LoopOptions(...)."""
     full = load_workload(workload)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -71,7 +73,7 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
         failure = run_session(req, launcher, sink, on_progress, on_start, on_notice)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
-            sink.write_all(summarize(sink.records))
+            sink.write_all(summarize(sink.records) + summarize_async(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
         elif sink is not None:

@@ -12,6 +12,12 @@ Record types (``type``):
 * ``phase``: what the coordinator saw: commit time, cache-avoidance method, verified.
 * ``error``: an iteration that failed, and why.
 * ``summary``: added by the report step (statistics are not this module's business).
+* ``--mode async`` adds ``loop`` (a process's training loop: state, staging, copy
+  bandwidth, calibrated step), ``steps`` (each step's start and length, for the baseline
+  loop and the checkpointing one) and ``checkpoint`` (per checkpoint and process: the
+  blocking and persist times, when the loop resumed and when the checkpoint was
+  durable); the report step adds ``async_summary`` (with the steps before, during and
+  after each persist).
 
 Clocks are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC): comparable between processes of
 one host. Records never carry credentials: every record passes through
@@ -209,7 +215,76 @@ class ClockRecord:
         return {"type": "clock", "when": self.when, "nodes": self.nodes}
 
 
-Record = OpRecord | RankRecord | SavePhaseRecord | RestorePhaseRecord | ErrorRecord | ClockRecord
+@dataclass(slots=True)
+class LoopRecord:
+    """--mode async: one process's training loop as set up (before any clock ran)."""
+
+    process: int
+    ranks: list[int]
+    host: str
+    device: str  # host | cuda: where the state lives
+    bytes: int  # the state's payload bytes (what each snapshot copies)
+    staging_bytes: int
+    snapshot: str  # full (the state fits staging) | piecewise
+    copy_bytes_per_s: float  # one copy of the state into staging (memcpy or device-to-host)
+    kernel: str
+    schedule: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "loop", "process": self.process, "ranks": self.ranks, "host": self.host,
+                "device": self.device, "bytes": self.bytes, "staging_bytes": self.staging_bytes,
+                "snapshot": self.snapshot, "copy_bytes_per_s": self.copy_bytes_per_s,
+                "kernel": self.kernel, **self.schedule}
+
+
+@dataclass(slots=True)
+class StepsRecord:
+    """--mode async: every training step of one loop on one process, on process 0's clock."""
+
+    loop: str  # baseline (no checkpoints) | async
+    process: int
+    start_ns: list[int]
+    seconds: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "steps", "loop": self.loop, "process": self.process,
+                "start_ns": self.start_ns, "seconds": self.seconds}
+
+
+@dataclass(slots=True)
+class CheckpointRecord:
+    """--mode async: one checkpoint on one process. blocking = wait (for the previous
+    persist) + snapshot + waiting for the other processes' snapshots; persist = snapshot
+    start to the manifest's commit; durable_after = the loop resuming to that commit."""
+
+    iteration: int
+    process: int
+    ranks: list[int]
+    ok: bool
+    bytes: int
+    start_ns: int  # the checkpoint was due
+    wait_s: float
+    refresh_s: float  # off the clock: the state made the checkpoint's payload
+    limit_s: float  # off the clock, just before: one plain copy of the state into staging
+    snapshot_s: float
+    blocking_s: float
+    resume_ns: int  # the loop resumed
+    persist_s: float | None
+    durable_after_s: float | None
+    durable_ns: int | None  # the manifest's commit ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "checkpoint", "iteration": self.iteration, "process": self.process,
+                "ranks": self.ranks, "ok": self.ok, "bytes": self.bytes,
+                "start_ns": self.start_ns, "wait_s": self.wait_s, "refresh_s": self.refresh_s,
+                "limit_s": self.limit_s, "snapshot_s": self.snapshot_s,
+                "blocking_s": self.blocking_s, "resume_ns": self.resume_ns,
+                "persist_s": self.persist_s, "durable_after_s": self.durable_after_s,
+                "durable_ns": self.durable_ns}
+
+
+Record = (OpRecord | RankRecord | SavePhaseRecord | RestorePhaseRecord | ErrorRecord | ClockRecord
+          | LoopRecord | StepsRecord | CheckpointRecord)
 
 
 def as_dict(record: Record | dict[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,7 @@ processes or clocks. Every validation error names the TOML key and what is allow
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import SpecError
+from ckptbench.fields import allowed, choice_field, int_field, read_small_text, shown
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -167,36 +166,12 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _allowed(values: Any) -> str:
-    return ", ".join(str(v) for v in values)
-
-
 def _check_keys(table: Mapping[str, Any], section: str) -> None:
     for key in table:
         if key not in _SECTIONS[section]:
             raise SpecError(
-                f"[{section}] unknown key {key!r}; allowed: {_allowed(_SECTIONS[section])}"
+                f"[{section}] unknown key {key!r}; allowed: {allowed(_SECTIONS[section])}"
             )
-
-
-def _int(table: Mapping[str, Any], section: str, key: str, default: int | None = None,
-         minimum: int = 1, maximum: int | None = None) -> int:
-    value = table.get(key, default)
-    if value is None:
-        raise SpecError(f"[{section}] {key} is required (an integer >= {minimum})")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"[{section}] {key} = {value!r} must be an integer >= {minimum}")
-    if value < minimum:
-        raise SpecError(f"[{section}] {key} = {value} must be an integer >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise SpecError(f"[{section}] {key} = {value} is too large; allowed: {minimum} to {maximum:,}")
-    return value
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """repr() of a value for an error line, cut short (names can be long or binary)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _workload_name(meta: Mapping[str, Any], default: str) -> str:
@@ -205,26 +180,18 @@ def _workload_name(meta: Mapping[str, Any], default: str) -> str:
         return default
     value = meta["name"]
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise SpecError(f"[workload] name = {_shown(value)} is not allowed; allowed: {NAME_ALLOWED}")
+        raise SpecError(f"[workload] name = {shown(value)} is not allowed; allowed: {NAME_ALLOWED}")
     return value
-
-
-def _choice(table: Mapping[str, Any], section: str, key: str, allowed: tuple[str, ...],
-            default: str) -> str:
-    value = table.get(key, default)
-    if value not in allowed:
-        raise SpecError(f"[{section}] {key} = {value!r} is not allowed; allowed: {_allowed(allowed)}")
-    return str(value)
 
 
 def _model(table: Mapping[str, Any]) -> ModelSpec:
     _check_keys(table, "model")
     name = table.get("name")
     if not isinstance(name, str):
-        raise SpecError(f"[model] name is required; allowed: {_allowed(MODEL_NAMES)}")
+        raise SpecError(f"[model] name is required; allowed: {allowed(MODEL_NAMES)}")
     name = ALIASES.get(name, name)
     if name not in MODEL_NAMES:
-        raise SpecError(f"[model] name = {name!r} is not a known model; allowed: {_allowed(MODEL_NAMES)}")
+        raise SpecError(f"[model] name = {name!r} is not a known model; allowed: {allowed(MODEL_NAMES)}")
     base: dict[str, Any] = dict(PRESETS.get(name, {}))
     if name == "custom":
         for key in _CUSTOM_REQUIRED:
@@ -236,7 +203,7 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
     for key in _MODEL_INT_KEYS:
         if key in table or key in base:
             source = table if key in table else base
-            values[key] = _int(source, "model", key, minimum=minimums.get(key, 1),
+            values[key] = int_field(source, "model", key, minimum=minimums.get(key, 1),
                                maximum=maximums.get(key))
     spec = ModelSpec(name=name, **values)
     if spec.head_dim == 0 and spec.dim % spec.heads:
@@ -251,13 +218,13 @@ def _model(table: Mapping[str, Any]) -> ModelSpec:
 def _parallel(table: Mapping[str, Any], model: ModelSpec) -> ParallelSpec:
     _check_keys(table, "parallel")
     spec = ParallelSpec(
-        world_size=_int(table, "parallel", "world_size", 1, maximum=MAX_WORLD_SIZE),
-        layout=_choice(table, "parallel", "layout", LAYOUTS, "fsdp2"),
-        tp=_int(table, "parallel", "tp", 1),
-        pp=_int(table, "parallel", "pp", 1),
-        dp_replicate=_int(table, "parallel", "dp_replicate", 1),
-        ep=_int(table, "parallel", "ep", 1),
-        zero_stage=_int(table, "parallel", "zero_stage", 3, minimum=0),
+        world_size=int_field(table, "parallel", "world_size", 1, maximum=MAX_WORLD_SIZE),
+        layout=choice_field(table, "parallel", "layout", LAYOUTS, "fsdp2"),
+        tp=int_field(table, "parallel", "tp", 1),
+        pp=int_field(table, "parallel", "pp", 1),
+        dp_replicate=int_field(table, "parallel", "dp_replicate", 1),
+        ep=int_field(table, "parallel", "ep", 1),
+        zero_stage=int_field(table, "parallel", "zero_stage", 3, minimum=0),
     )
     return _check_layout(spec, model, "parallel")
 
@@ -268,8 +235,8 @@ def _restore(table: Mapping[str, Any], model: ModelSpec, training: ParallelSpec,
     layout's. None when it equals the training layout."""
     for key in table:
         if key not in RESTORE_KEYS:
-            raise SpecError(f"[{section}] unknown key {key!r}; allowed: {_allowed(RESTORE_KEYS)}")
-    values: dict[str, Any] = {k: _int(table, section, k) for k in RESTORE_KEYS if k in table}
+            raise SpecError(f"[{section}] unknown key {key!r}; allowed: {allowed(RESTORE_KEYS)}")
+    values: dict[str, Any] = {k: int_field(table, section, k) for k in RESTORE_KEYS if k in table}
     spec = replace(training, **values)
     if spec == training:
         return None
@@ -303,7 +270,7 @@ def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[
         key = key.strip()
         if not sep or key not in RESTORE_KEYS:
             raise SpecError(f"{option} {text!r}: {part.strip()!r} is not KEY=N; allowed keys: "
-                            f"{_allowed(RESTORE_KEYS)}")
+                            f"{allowed(RESTORE_KEYS)}")
         try:
             out[key] = int(value)
         except ValueError:
@@ -350,7 +317,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     """Validate a workload given as nested tables (what TOML parsing gives)."""
     for section in data:
         if section not in _SECTIONS:
-            raise SpecError(f"unknown table [{section}]; allowed: {_allowed(_SECTIONS)}")
+            raise SpecError(f"unknown table [{section}]; allowed: {allowed(_SECTIONS)}")
         if not isinstance(data[section], Mapping):
             raise SpecError(f"[{section}] must be a table")
     meta = data.get("workload", {})
@@ -363,10 +330,10 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     _check_keys(state_table, "state")
     dtypes = tuple(DTYPE_BYTES)
     state = StateSpec(
-        param_dtype=_choice(state_table, "state", "param_dtype", dtypes, "float32"),
-        master_dtype=_choice(state_table, "state", "master_dtype", ("none", *dtypes), "none"),
-        optimizer=_choice(state_table, "state", "optimizer", OPTIMIZERS, "adamw"),
-        optimizer_dtype=_choice(state_table, "state", "optimizer_dtype", dtypes, "float32"),
+        param_dtype=choice_field(state_table, "state", "param_dtype", dtypes, "float32"),
+        master_dtype=choice_field(state_table, "state", "master_dtype", ("none", *dtypes), "none"),
+        optimizer=choice_field(state_table, "state", "optimizer", OPTIMIZERS, "adamw"),
+        optimizer_dtype=choice_field(state_table, "state", "optimizer_dtype", dtypes, "float32"),
     )
     parallel = _parallel(data.get("parallel", {}), model)
 
@@ -374,10 +341,10 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     _check_keys(ckpt_table, "checkpoint")
     default_files = "megatron" if parallel.layout == "megatron-deepspeed" else "dcp"
     checkpoint = CheckpointSpec(
-        files=_choice(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
-        threads=_int(ckpt_table, "checkpoint", "threads", 1, maximum=MAX_FILE_THREADS),
-        stripe_size=_int(ckpt_table, "checkpoint", "stripe_size", 1 << 20, minimum=STRIPE_ALIGN),
-        stripe_count=_int(ckpt_table, "checkpoint", "stripe_count", 0, minimum=-1),
+        files=choice_field(ckpt_table, "checkpoint", "files", FILE_GROUPINGS, default_files),
+        threads=int_field(ckpt_table, "checkpoint", "threads", 1, maximum=MAX_FILE_THREADS),
+        stripe_size=int_field(ckpt_table, "checkpoint", "stripe_size", 1 << 20, minimum=STRIPE_ALIGN),
+        stripe_count=int_field(ckpt_table, "checkpoint", "stripe_count", 0, minimum=-1),
     )
     if checkpoint.stripe_size % STRIPE_ALIGN:
         raise SpecError(
@@ -418,7 +385,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)
-    text = _read_workload_text(path)
+    text = read_small_text(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -427,45 +394,6 @@ def load_workload(path: str | Path) -> Workload:
         return parse_workload(data, name=path.stem)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
-
-
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-               (stat.S_ISSOCK, "a socket"))
-
-
-def _read_workload_text(path: Path) -> str:
-    """The text of a regular, UTF-8 file of at most MAX_WORKLOAD_FILE_BYTES.
-
-    O_NONBLOCK keeps the open of a FIFO from waiting for a writer; the kind is then
-    checked on the open descriptor (no race with a rename), and at most one byte more
-    than the limit is read (a file that grows, or /proc, cannot fill memory).
-    """
-    allowed = f"allowed: a UTF-8 TOML workload file of at most {MAX_WORKLOAD_FILE_BYTES:,} bytes"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such workload file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-            raise SpecError(f"{path}: is {kind}, not a regular file; {allowed}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_WORKLOAD_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_WORKLOAD_FILE_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_WORKLOAD_FILE_BYTES:,} bytes; {allowed}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}); "
-                        f"{allowed}") from None
 
 
 def scaled(workload: Workload, factor: int) -> Workload:
@@ -489,26 +417,3 @@ def scaled(workload: Workload, factor: int) -> Workload:
             moe_ffn_dim=max(1, m.moe_ffn_dim // factor) if m.experts else 0,
         ),
     )
-
-
-def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:
-    """'0-7', '0,3', '0-3,8' -> sorted ranks; each must be < world_size."""
-    ranks: set[int] = set()
-    for piece in text.split(","):
-        part = piece.strip()
-        try:
-            if "-" in part:
-                lo_s, hi_s = part.split("-", 1)
-                lo, hi = int(lo_s), int(hi_s)
-            else:
-                lo = hi = int(part)
-        except ValueError:
-            raise SpecError(
-                f"{option} {text!r}: {part!r} is not a rank or range (allowed: e.g. 0-7 or 0,3)"
-            ) from None
-        if lo < 0 or hi < lo or hi >= world_size:
-            raise SpecError(
-                f"{option} {text!r}: {part!r} is outside 0-{world_size - 1} (world_size = {world_size})"
-            )
-        ranks.update(range(lo, hi + 1))
-    return sorted(ranks)

@@ -1,4 +1,4 @@
-"""Shared fixtures: real files, real processes, a real MinIO server."""
+"""Shared fixtures: real files, real processes, a real MinIO server, a real GlusterFS."""
 
 from __future__ import annotations
 
@@ -37,3 +37,50 @@ def minio_server():
         yield server
     finally:
         server.stop()
+
+
+# --- GlusterFS: one real server with two volumes for the whole session ---
+@pytest.fixture(scope="session")
+def gluster():
+    """A real GlusterFS (ckptbench.testing.gluster.GlusterBed): glusterd on a 127.0.1.N
+    address, volume `ckb` over two bricks mounted twice (`plain`, `other`: two clients),
+    volume `ckbshard` with the shard translator (4MB) mounted once (`shard`); everything
+    it started is ended after the last test. Skipped only where FUSE is unavailable (no
+    /dev/fuse, or not root); missing Gluster packages fail (.ci/setup installs them)."""
+    import signal
+
+    from ckptbench.testing import ToolError
+    from ckptbench.testing.gluster import GlusterBed, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # A CI timeout's SIGTERM would end pytest without teardown, and glusterd's daemonized
+    # bricks and the mounts would stay: as an interrupt, the session tears down first.
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupted)
+    try:
+        bed = GlusterBed.start()
+    except ToolError as exc:
+        pytest.fail(f"GlusterFS: {exc}", pytrace=False)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def gluster_dir(gluster, request):
+    """A new directory on the plain volume (first client), removed after the test."""
+    import shutil
+    import uuid
+
+    path = gluster.plain.path / f"{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

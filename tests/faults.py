@@ -6,7 +6,9 @@ the way zarr's LatencyStore wraps a store.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,3 +50,61 @@ class DyingBackend:
     def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> Any:
         handle = self._inner.open_write_region(key, offset, size, file_size)
         return _DieAfterBytes(handle, self._budget) if self._dies_on(f"{key}@{offset}") else handle
+
+
+class _FullAfterBytes:
+    """A write handle whose writes fail with ENOSPC once the budget is spent."""
+
+    def __init__(self, inner: WriteHandle, budget: list[int], key: str) -> None:
+        self._inner, self._budget, self._key = inner, budget, key
+
+    def write(self, data: memoryview) -> None:
+        if self._budget[0] - len(data) < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._key)
+        self._budget[0] -= len(data)
+        self._inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class FullDiskBackend:
+    """Writes to keys that `full_on` selects share a byte budget; the write that would
+    exceed it fails with ENOSPC, as a file system that filled up says it."""
+
+    def __init__(self, inner: Backend, full_on: Callable[[str], bool], after: int) -> None:
+        self._inner = inner
+        self._full_on = full_on
+        self._budget = [after]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def open_write(self, key: str, size: int) -> Any:
+        handle = self._inner.open_write(key, size)
+        return _FullAfterBytes(handle, self._budget, key) if self._full_on(key) else handle
+
+
+class _SlowWrites:
+    def __init__(self, inner: WriteHandle, delay: float) -> None:
+        self._inner, self._delay = inner, delay
+
+    def write(self, data: memoryview) -> None:
+        time.sleep(self._delay)
+        self._inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class SlowBackend:
+    """Every write waits `delay` seconds first: a storage slower than the training step."""
+
+    def __init__(self, inner: Backend, delay: float) -> None:
+        self._inner, self._delay = inner, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def open_write(self, key: str, size: int) -> Any:
+        return _SlowWrites(self._inner.open_write(key, size), self._delay)

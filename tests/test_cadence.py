@@ -36,24 +36,28 @@ MIN, HOUR = 60.0, 3600.0
 
 
 def simulate(tau: float, save: float, restore: float, mtbf: float, persist: float = 0.0,
-             failures: int = 4000, seed: int = 0) -> tuple[float, float]:
+             failures: int = 4000, seed: int = 0, slowdown: float = 0.0) -> tuple[float, float]:
     """Run a job through exponential failures; return (efficiency, mean loss per failure).
 
     Failures strike anywhere: in compute, in saves, in restarts (which then start over).
     With ``persist`` > 0 a checkpoint becomes durable only that long after its blocking
-    part, and a failure before then falls back to the previous one. The job is sized so
-    that about ``failures`` failures happen.
+    part, and a failure before then falls back to the previous one; with ``slowdown``
+    the steps run that much slower while it is in flight (a segment that starts with a
+    persist in flight, not the first after a restart, takes persist x slowdown /
+    (1 + slowdown) longer). The job is sized so that about ``failures`` failures happen.
     """
     rng = np.random.default_rng(seed)
     period = tau + save
-    segments = max(50, math.ceil(failures * mtbf / period))
+    extra = persist * slowdown / (1 + slowdown)
+    segments = max(50, math.ceil(failures * mtbf / (period + extra)))
     wall, position, durable, pending_until, n_failures = 0.0, 0, 0, None, 0
     while position < segments:
+        length = period + (extra if pending_until is not None else 0.0)
         strike = rng.exponential(mtbf)
-        if pending_until is not None and min(strike, period) >= pending_until:
+        if pending_until is not None and min(strike, length) >= pending_until:
             durable, pending_until = position, None
-        if strike >= period:
-            wall += period
+        if strike >= length:
+            wall += length
             position += 1
             if persist > 0:
                 pending_until = persist

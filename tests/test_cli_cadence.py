@@ -44,7 +44,8 @@ def _point(payload: dict, label: str) -> dict:
 def test_daly_examples_through_the_cli(run, mtbf: str, minutes: float) -> None:
     payload = _json(run, *DALY, "--mtbf", mtbf)
     assert _point(payload, "Daly")["interval_s"] / 60 == pytest.approx(minutes, abs=0.5)
-    assert payload["cost"] == {"save_s": 300.0, "restore_s": 600.0, "persist_s": 0.0}
+    assert payload["cost"] == {"save_s": 300.0, "restore_s": 600.0, "persist_s": 0.0,
+                               "interference": 0.0}
 
 
 def test_json_has_the_answer(run) -> None:
@@ -79,7 +80,8 @@ def test_target_goodput_and_no_failures(run) -> None:
 def test_asynchronous_saves(run) -> None:
     payload = _json(run, "--save-seconds", "20min", "--blocking-seconds", "1",
                     "--restore-seconds", "2min", "--mtbf", "3h")
-    assert payload["cost"] == {"save_s": 1.0, "restore_s": 120.0, "persist_s": 1199.0}
+    assert payload["cost"] == {"save_s": 1.0, "restore_s": 120.0, "persist_s": 1199.0,
+                               "interference": 0.0}
     assert payload["floor_s"] == 1199.0
     assert payload["recommended"]["interval_s"] == 1199.0
     assert _point(payload, "exact")["interval_s"] < 1199.0

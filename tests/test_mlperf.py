@@ -49,7 +49,9 @@ def test_both_views_from_synthetic_records() -> None:
     written = (2 * GIB + 200) / GIB
     assert c.ckptbench.gibps == pytest.approx([written / 1.010, written / 2.010])
     assert c.ckptbench.mean == pytest.approx(statistics.fmean(c.ckptbench.gibps))
-    assert c.ckptbench.stdev == pytest.approx(statistics.stdev(c.ckptbench.gibps))
+    # DLIO reports np.std: the population standard deviation (ddof 0)
+    assert c.ckptbench.stdev == pytest.approx(statistics.pstdev(c.ckptbench.gibps))
+    assert c.ckptbench.stdev == pytest.approx(abs(c.ckptbench.gibps[0] - c.ckptbench.gibps[1]) / 2)
     assert c.mlperf.stdev == pytest.approx(0.0)
     assert c.ratio == pytest.approx(c.mlperf.mean / c.ckptbench.mean)
     assert c.container_bytes - c.tensor_bytes == 200
@@ -68,11 +70,19 @@ def test_restore_view_counts_the_manifest_in_ckptbench_only() -> None:
     assert c.ratio == pytest.approx(4.0 / (2 / 1.05))
 
 
+def test_rank_0_is_the_first_rank_that_ran() -> None:
+    """--ranks 2-3: DLIO's rank 0 is the first process, plan rank 2 here."""
+    recs = [op(1, "restore", 2, "read", 0, 400, GIB), op(1, "restore", 3, "read", 0, 800, GIB)]
+    c = compare(recs, "restore", 2 * GIB)
+    assert c.mlperf.seconds == pytest.approx([0.4]) and c.ckptbench.seconds == pytest.approx([0.8])
+
+
 def _facts(**kw: Any) -> RunFacts:
     base: dict[str, Any] = dict(
         workload="mlperf-llama3-405b", world_size=512, ranks=8, scale=1, iterations=10,
         hosts=1, host_memory_bytes=64 * GIB, bytes_per_host=400 * GIB, files_written=10,
-        files_fsynced=10, cache="none", verified=True, interleaved=False)
+        files_fsynced=10, cache="none", verified=True, sequence="writes-then-reads",
+        writes_first=True)
     base.update(kw)
     return RunFacts(**base)
 
@@ -83,13 +93,24 @@ def test_rules_one_line_each_with_its_name() -> None:
                   "closed.num_checkpoints": True, "closed.sequence": True, "closed.fsync": True,
                   "closed.page_cache": True, "closed.runs": False, "closed.verification": True}
     bad = {r.name: r for r in rules(_facts(ranks=16, scale=8, iterations=3, files_fsynced=0,
-                                           bytes_per_host=100 * GIB, interleaved=True))}
+                                           bytes_per_host=100 * GIB, sequence="interleaved"))}
     for name in ("closed.full_size", "closed.process_count", "closed.num_checkpoints",
                  "closed.sequence", "closed.fsync", "closed.page_cache"):
         assert not bad[name].ok and bad[name].line().startswith(f"FAIL {name}: ")
     # a client writing under 3x its memory passes only when the caches were cleared
     assert {r.name: r.ok for r in rules(_facts(bytes_per_host=100 * GIB,
                                                cache="fadvise+drop_caches"))}["closed.page_cache"]
+
+
+def test_sequence_rule_needs_the_option_and_the_order_in_the_records() -> None:
+    rule = {r.name: r for r in rules(_facts(writes_first=False))}["closed.sequence"]
+    assert rule.line() == ("FAIL closed.sequence: writes-then-reads asked for, but the records "
+                           "show a restore before a save ended")
+    rule = {r.name: r for r in rules(_facts(sequence="interleaved"))}["closed.sequence"]
+    assert rule.line().startswith("FAIL closed.sequence: --sequence interleaved: ")
+    rule = {r.name: r for r in rules(_facts())}["closed.sequence"]
+    assert rule.line() == ("PASS closed.sequence: all 10 checkpoints written, then read in the "
+                           "order written")
 
 
 def test_facts_from_records() -> None:
@@ -103,6 +124,15 @@ def test_facts_from_records() -> None:
               bytes_per_checkpoint=GIB)
     assert (f.files_written, f.files_fsynced, f.host_memory_bytes, f.verified) == (2, 1, 8 * GIB, True)
     assert f.cache == "fadvise+drop_caches"
+    assert (f.sequence, f.writes_first) == ("interleaved", False)  # no restore op: no order
+    run = {"type": "run", "options": {"sequence": "writes-then-reads"}}
+    wtr = [run, *recs[1:], op(1, "restore", 0, "read", 3, 4, 8), op(2, "save", 0, "open", 1, 2)]
+    assert facts(wtr, workload="w", world_size=8, ranks=2, scale=1, iterations=2,
+                 bytes_per_checkpoint=GIB).writes_first
+    late = [*wtr, op(3, "save", 0, "open", 3.5, 5)]  # a save still running after a read began
+    f = facts(late, workload="w", world_size=8, ranks=2, scale=1, iterations=2,
+              bytes_per_checkpoint=GIB)
+    assert (f.sequence, f.writes_first) == ("writes-then-reads", False)
 
 
 def test_mlperf_command_reports_both_ways(tmp_path: Path) -> None:
@@ -125,6 +155,41 @@ def test_mlperf_command_reports_both_ways(tmp_path: Path) -> None:
     names = [line.split(":")[0] for line in out["rules"]]
     assert "FAIL closed.full_size" in names and "PASS closed.fsync" in names
     assert "FAIL closed.num_checkpoints" in names
+    # v2.0's order by default: both checkpoints written, then both read, in that order
+    assert out["sequence"] == "writes-then-reads" and "PASS closed.sequence" in names
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    phases = [(r["phase"], r["iteration"]) for r in records if r["type"] == "phase"]
+    assert phases == [("save", 1), ("save", 2), ("restore", 1), ("restore", 2)]
+    assert all(r["verified"] for r in records if r["type"] == "phase" and r["phase"] == "restore")
+
+
+def test_mlperf_command_interleaved_fails_the_sequence_rule(tmp_path: Path) -> None:
+    r = _mlperf(tmp_path, "--sequence", "interleaved")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rule = next(line for line in out["rules"] if "closed.sequence" in line)
+    assert rule.startswith("FAIL closed.sequence: --sequence interleaved: ")
+
+
+def _mlperf(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptbench", "mlperf",
+                           str(ROOT / "workloads" / "mlperf-llama3-8b.toml"), "--scale", "32",
+                           "--ranks", "0-1", "--iterations", "2", "--target", str(tmp_path / "t"),
+                           "--results", str(tmp_path / "r.jsonl"), "--json", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["--sequence", "reads-then-writes"], "--sequence"),
+    (["--iterations", "0"], "--iterations"),
+    (["--scale", "1", "--iterations", "100000"], "--iterations 100000 x "),
+])
+def test_mlperf_command_bad_input_is_one_line(tmp_path: Path, args: list[str], names: str) -> None:
+    """Refused before anything is written: no target, no results file."""
+    r = _mlperf(tmp_path, *args, timeout=120)
+    assert r.returncode == 2 and names in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and r.stdout == ""
+    assert not (tmp_path / "t").exists() and not (tmp_path / "r.jsonl").exists()
 
 
 def test_mlperf_command_refuses_other_layouts(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ that several ranks share (N-1) is created once, empty, by the coordinator
 without O_CREAT/O_TRUNC and writes its own region with pwrite
 (:meth:`LocalBackend.open_write_region`).
 
-Striping hints for parallel file systems (:func:`apply_striping`): ``lfs setstripe`` on
-Lustre, ``beegfs-ctl --setpattern`` on BeeGFS, applied to the run's directory when the
-tool is on PATH, and always recorded (what ran, or why nothing did).
+The file system under the target comes from the mount table (filesystems.py): its
+client caches decide what a cold restore takes (fadvise per file, drop_caches, or a
+plain "warm: client cache not evictable (...)" where neither reaches), and its striping
+tool or attribute applies ``[checkpoint] stripe_size/stripe_count`` (striping.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import errno
 import json
 import os
 import shutil
-import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,8 +40,19 @@ from ckptbench.backends.base import (
     foreign_target_error,
     marker_bytes,
 )
+from ckptbench.backends.filesystems import (
+    FileSystem,
+    drop_page_cache,
+    evict_from_page_cache,
+    filesystem_info,
+)
 from ckptbench.backends.options import BackendOptions, IOHints, option
+from ckptbench.backends.striping import apply_striping, striping_command
 from ckptbench.errors import BackendError
+
+__all__ = ["DIRECT_ALIGN", "IO_MODES", "LocalBackend", "LocalOptions", "apply_striping",
+           "drop_page_cache", "evict_from_page_cache", "filesystem_info", "os_error",
+           "striping_command"]
 
 IO_MODES = ("buffered", "direct")
 DIRECT_ALIGN = 4096
@@ -274,8 +285,7 @@ class LocalBackend(Backend):
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise os_error(path, exc) from None
-        fs_type = filesystem_info(path).get("fs_type", "unknown")
-        return apply_striping(path, fs_type, stripe_size, stripe_count)
+        return apply_striping(path, FileSystem.of(path).fs_type, stripe_size, stripe_count)
 
     def put_atomic(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -352,120 +362,24 @@ class LocalBackend(Backend):
             return []
 
     def drop_cache(self, keys: list[str]) -> str:
-        if self.direct:
-            return "direct"
-        evict_from_page_cache(self._path(key) for key in keys)
-        return "fadvise"
+        """O_DIRECT needs nothing; else fadvise(DONTNEED) per file. Then, where the client
+        keeps data outside the page cache (Gluster's io-cache, the GPFS pagepool...): the
+        host's caches dropped when permitted (that empties Gluster's io-cache), and if the
+        cache may still hold data, the restore is recorded as warm, never as cold."""
+        method = "direct" if self.direct else "fadvise"
+        if not self.direct:
+            evict_from_page_cache(self._path(key) for key in keys)
+        fs = FileSystem.of(self.root)
+        held = fs.client_cache_held(self.direct)
+        if held and fs.is_gluster and drop_page_cache():
+            # The kernel forgets the inodes and io-cache frees their pages: a client
+            # statedump then lists only the root directory (docs/parallel-fs.md).
+            held = None
+        return f"warm: client cache not evictable ({held})" if held else method
 
     def drop_host_caches(self) -> bool:
         return drop_page_cache()
 
     def details(self) -> dict[str, Any]:
-        return {"path": str(self.root), **filesystem_info(self.root)}
-
-
-def evict_from_page_cache(paths: Iterable[str | Path]) -> None:
-    """posix_fadvise(DONTNEED) on each file: its clean cached pages are dropped."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def drop_page_cache() -> bool:
-    """Drop the whole page cache when permitted (root, writable /proc); say if it worked."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def filesystem_info(path: Path) -> dict[str, Any]:
-    """File-system type, mount point and options, and block device model of `path`."""
-    real = os.path.realpath(path)
-    best: dict[str, Any] = {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields = line.split()
-                sep = fields.index("-")
-                mount_point = fields[4].replace("\\040", " ")
-                inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
-                if inside and len(mount_point) >= len(best.get("mount_point", "")):
-                    best = {
-                        "mount_point": mount_point,
-                        "fs_type": fields[sep + 1],
-                        "mount_source": fields[sep + 2],
-                        "mount_options": fields[5],
-                        "super_options": fields[sep + 3] if len(fields) > sep + 3 else "",
-                        "dev": fields[2],
-                    }
-    except OSError:
-        return {}
-    dev = best.pop("dev", None)
-    if dev:
-        sys_dev = Path("/sys/dev/block") / dev
-        for candidate in (sys_dev / "device" / "model", sys_dev / ".." / "device" / "model"):
-            with contextlib.suppress(OSError):
-                best["device_model"] = candidate.read_text().strip()
-                break
-        with contextlib.suppress(OSError):
-            best["device"] = os.path.basename(os.path.realpath(sys_dev))
-            rotational = sys_dev / "queue" / "rotational"
-            if not rotational.exists():
-                rotational = sys_dev / ".." / "queue" / "rotational"
-            best["rotational"] = rotational.read_text().strip() == "1"
-    return best
-
-
-STRIPE_TOOLS = {"lustre": "lfs", "beegfs": "beegfs-ctl"}
-
-
-def striping_command(tool: str, fs_type: str, path: Path, stripe_size: int,
-                     stripe_count: int) -> list[str]:
-    """The command that sets `path`'s default layout (files created in it inherit it)."""
-    if fs_type == "lustre":
-        return [tool, "setstripe", "-S", str(stripe_size), "-c", str(stripe_count), str(path)]
-    # BeeGFS has no "all targets" value: -1 leaves the directory's target count as it is.
-    cmd = [tool, "--setpattern", f"--chunksize={stripe_size // 1024}k"]
-    if stripe_count > 0:
-        cmd.append(f"--numtargets={stripe_count}")
-    return [*cmd, str(path)]
-
-
-def apply_striping(path: Path, fs_type: str, stripe_size: int, stripe_count: int,
-                   timeout_s: float = 60.0) -> dict[str, Any]:
-    """Set the stripe size and count of directory `path` where the platform has a tool for
-    it; say what was applied, or why nothing was (recorded in the run record).
-
-    stripe_count 0 means "leave the file system's layout alone" (nothing runs).
-    """
-    record: dict[str, Any] = {"fs_type": fs_type, "stripe_size": stripe_size,
-                              "stripe_count": stripe_count, "applied": False}
-    if stripe_count == 0:
-        return {**record, "reason": "not requested ([checkpoint] stripe_count = 0)"}
-    tool_name = STRIPE_TOOLS.get(fs_type)
-    if tool_name is None:
-        return {**record, "reason": f"not available on {fs_type} (Lustre and BeeGFS only)"}
-    tool = shutil.which(tool_name)
-    if tool is None:
-        return {**record, "reason": f"not available: {tool_name} is not on PATH"}
-    cmd = striping_command(tool, fs_type, path, stripe_size, stripe_count)
-    record["command"] = [tool_name, *cmd[1:]]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {**record, "reason": f"{tool_name} failed: {exc}"}
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        return {**record, "reason": f"{tool_name} exited with {proc.returncode}"
-                + (f": {detail[-1]}" if detail else "")}
-    return {**record, "applied": True}
+        return {"path": str(self.root), **filesystem_info(self.root),
+                **FileSystem.of(self.root).describe()}

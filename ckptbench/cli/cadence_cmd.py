@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ckptbench import cadence, jobmodel
+from ckptbench.cli.cadence_async import async_note, split_save
 from ckptbench.cli.output_file import check_output_path, write_output_file
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
@@ -141,7 +142,12 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
                    "docs/cadence.md].")
 @click.option("--blocking-seconds", metavar="DUR",
               help="Asynchronous saves: the blocking part; the rest of the save time is the "
-                   "persist time, a lower bound on the interval.")
+                   "persist time, a lower bound on the interval [default: measured by a "
+                   "--mode async --results].")
+@click.option("--interference", metavar="FRACTION",
+              help="Asynchronous saves: how much slower training steps run during the persist "
+                   "(0.1 or 10%%); charged to goodput [default: measured by a --mode async "
+                   "--results].")
 @click.option("--mtbf", metavar="DUR",
               help="Job mean time between interruptions (bare number: hours; inf = none).")
 @click.option("--failure-preset", type=str, metavar="NAME",
@@ -165,7 +171,8 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
                     aggregate_bandwidth: str | None, save_seconds: str | None,
                     restore_seconds: str | None, restart_overhead: str | None,
-                    blocking_seconds: str | None, mtbf: str | None, failure_preset: str | None,
+                    blocking_seconds: str | None, interference: str | None, mtbf: str | None,
+                    failure_preset: str | None,
                     components: tuple[str, ...], interval: str | None,
                     gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
                     force: bool, as_json: bool) -> None:
@@ -204,13 +211,10 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
     if save_s is None or restore_s is None:
         missing = "--save-seconds" if save_s is None else "--restore-seconds"
         raise SpecError(f"{missing} is required (or --results with measurements)")
-    persist_s = 0.0
-    if blocking_seconds:
-        blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
-        if blocking > save_s:
-            raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
-        save_s, persist_s = blocking, save_s - blocking
-    cost = cadence.CheckpointCost(save_s, restore_s, persist_s)
+    per_gpu = checkpoint_bytes / gpus if checkpoint_bytes and gpus else None
+    split = split_save(save_s, _asynchronous_run(job, measured), blocking_seconds,
+                       interference, per_gpu)
+    cost = cadence.CheckpointCost(split.save_s, restore_s, split.persist_s, split.interference)
 
     model = cadence.failure_model(
         mtbf_s=parse_duration(mtbf, "--mtbf", "h", allow_inf=True) if mtbf else None,
@@ -245,6 +249,7 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
             "checkpoint_bytes": checkpoint_bytes,
             "job_model": None if job is None else {
                 **job.to_dict(), "measurements": [m.path for m in measured]},
+            "async": None if split.measured is None else asdict(split.measured),
             "failures_per_day": report.failures_per_day,
             "floor_s": report.floor_s,
             "floor_reason": report.floor_reason,
@@ -255,12 +260,23 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
         }
         click.echo(json.dumps(_jsonable(payload), indent=2))
         return
-    _print_table(report, model, job, checkpoint_bytes, inverse, gpu_hour_price, plot)
+    note = async_note(cost, split.measured, per_gpu)
+    _print_table(report, model, job, checkpoint_bytes, inverse, gpu_hour_price, plot, note)
+
+
+def _asynchronous_run(job: jobmodel.JobEstimate | None, measured: list[jobmodel.Measurement]
+                      ) -> jobmodel.AsyncMeasurement | None:
+    """The --mode async measurement the answer uses: the job model's run's, else (save
+    and restore both given) the first run that has one."""
+    if job is not None:
+        return job.measurement.asynchronous
+    return next((m.asynchronous for m in measured if m.asynchronous is not None), None)
 
 
 def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
                  job: jobmodel.JobEstimate | None, checkpoint_bytes: float | None,
-                 inverse: dict[str, Any], price: float | None, plot: Path | None) -> None:
+                 inverse: dict[str, Any], price: float | None, plot: Path | None,
+                 note: str = "") -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -275,7 +291,7 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
     if cost.persist_s:
         line += f", persist {cost.persist_s:.3g} s (asynchronous)"
-    console.print(line)
+    console.print(line + note, soft_wrap=True, markup=False)
     if job is not None:
         _print_job_model(console, job)
     if checkpoint_bytes:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
+from ckptbench.backends.local import LocalBackend
+from ckptbench.cli.run_cmd import quiet_unless_root
+from ckptbench.errors import SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.mlperf import CHECKPOINTS, GIB, Comparison, compare, facts, rules
 from ckptbench.records import read_records
 from ckptbench.report import table as report_table
-from ckptbench.units import parse_size
+from ckptbench.runner import RunRequest, open_launcher
+from ckptbench.runner.sequence import SEQUENCES
+from ckptbench.runner.signals import stop_on_signals
+from ckptbench.units import format_size, parse_size
 
 
 def _row(table: Table, c: Comparison) -> None:
@@ -27,10 +34,10 @@ def _row(table: Table, c: Comparison) -> None:
     table.add_row(c.phase, "ratio MLPerf / ckptbench", f"{c.ratio:.2f}x", "", "", "")
 
 
-def render(comparisons: list[Comparison], lines: list[str]) -> None:
+def render(comparisons: list[Comparison], lines: list[str], sequence: str) -> None:
     console = report_table.console_for(report_table.output_width(False, None))
-    table = Table(title="MLPerf Storage v2.0 way vs ckptbench way (GiB/s = 2^30 B/s, "
-                        "mean and stdev over checkpoints)")
+    table = Table(title="MLPerf Storage v2.0 way vs ckptbench way (GiB/s = 2^30 B/s, mean "
+                        "and population stdev over checkpoints, as DLIO reports them)")
     for col in ("phase", "way", "GiB/s mean", "stdev", "max s", "what is timed"):
         table.add_column(col, justify="left" if col in ("phase", "way", "what is timed")
                          else "right")
@@ -38,12 +45,55 @@ def render(comparisons: list[Comparison], lines: list[str]) -> None:
         _row(table, c)
     console.print(table)
     c0 = comparisons[0]
-    click.echo(f"tensor bytes per checkpoint: {c0.tensor_bytes / GIB:.3f} GiB; torch.save "
-               f"containers: {c0.container_bytes / GIB:.3f} GiB "
-               f"(+{c0.container_bytes - c0.tensor_bytes} B)")
+    click.echo(f"sequence: {sequence}; tensor bytes per checkpoint: "
+               f"{c0.tensor_bytes / GIB:.3f} GiB; torch.save containers: "
+               f"{c0.container_bytes / GIB:.3f} GiB (+{c0.container_bytes - c0.tensor_bytes} B)")
     click.echo("CLOSED-submission rules (mlpstorage v2.0):")
     for line in lines:
         click.echo(f"  {line}")
+
+
+def check_disk(req: RunRequest) -> None:
+    """writes-then-reads keeps every checkpoint on the target until its read: a local
+    target whose file system cannot hold them all is refused before anything is written."""
+    backend = req.backend
+    if req.options.sequence != "writes-then-reads" or not isinstance(backend, LocalBackend):
+        return
+    per = req.plan.bytes_of_ranks(req.ranks)
+    need = per * req.options.iterations
+    where = next((p for p in (backend.root, *backend.root.parents) if p.exists()), None)
+    free = shutil.disk_usage(where).free if where is not None else need
+    if need > free:
+        raise SpecError(
+            f"--iterations {req.options.iterations} x {format_size(per)} per checkpoint = "
+            f"{format_size(need)} on {backend.root} at once (--sequence writes-then-reads "
+            f"keeps each checkpoint until its read); its file system has {format_size(free)} "
+            "free; allowed: fewer --iterations or --ranks, a larger --scale, or "
+            "--sequence interleaved")
+
+
+def report(req: RunRequest, path: Path, scale: int, as_json: bool) -> None:
+    """Both ways and the rules, from the results file the run wrote (process 0)."""
+    records = list(read_records(path))
+    tensor_bytes = req.plan.bytes_of_ranks(req.ranks)
+    comparisons = [compare(records, p, tensor_bytes) for p in ("save", "restore")]
+    lines = [r.line() for r in rules(facts(
+        records, workload=req.workload.name, world_size=req.plan.world_size,
+        ranks=len(req.ranks), scale=scale, iterations=req.options.iterations,
+        bytes_per_checkpoint=comparisons[0].container_bytes))]
+    if not as_json:
+        render(comparisons, lines, req.options.sequence)
+        click.echo(f"results: {path}")
+        return
+    out: dict[str, Any] = {"results": str(path), "sequence": req.options.sequence, "phases": [
+        {"phase": c.phase, "ratio": c.ratio, "tensor_bytes": c.tensor_bytes,
+         "container_bytes": c.container_bytes,
+         **{way: {"gibps_mean": s.mean, "gibps_stdev": s.stdev, "gibps": s.gibps,
+                  "seconds": s.seconds}
+            for way, s in (("mlperf", c.mlperf), ("mlperf_with_fsync", c.mlperf_with_fsync),
+                           ("ckptbench", c.ckptbench))}} for c in comparisons],
+        "rules": lines}
+    click.echo(json.dumps(out, indent=2))
 
 
 @click.command("mlperf")
@@ -59,40 +109,32 @@ def render(comparisons: list[Comparison], lines: list[str]) -> None:
 @click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: evict before reading (cold); none: read what the page cache holds, "
                    "as DLIO does in one invocation.")
+@click.option("--sequence", type=click.Choice(SEQUENCES), default="writes-then-reads",
+              show_default=True,
+              help="writes-then-reads: all checkpoints written, then read in that order (v2.0; "
+                   "they are all on the target at once); interleaved: each written and read in turn.")
+@click.option("--launcher", type=click.Choice(["auto", "local", "mpi"]), default="auto",
+              show_default=True,
+              help="auto: MPI ranks when started by mpirun/srun (needs mpi4py), else local processes.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Results file [default: results/<workload>-<run id>-mlperf.jsonl].")
 @click.option("--json", "as_json", is_flag=True, help="Print both views and the rules as JSON.")
 def mlperf_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
-                   block_size: str, cache: str, results: str | None, as_json: bool) -> None:
+                   block_size: str, cache: str, sequence: str, launcher: str,
+                   results: str | None, as_json: bool) -> None:
     """Run WORKLOAD (an MLPerf llama3 workload) as MLPerf Storage v2.0 does: DLIO's
-    torch.save files, one thread per rank, and report it MLPerf's way next to ckptbench's,
-    with the ratio and the CLOSED rules the run breaks."""
-    req = build_request(workload, target, scale=scale, ranks=ranks, iterations=iterations,
-                        threads=1, format="torch-save", cache=cache,
-                        block_size=parse_size(block_size, "--block-size"))
-    path = Path(results) if results else \
-        Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
-    measure(req, path)
-    records = list(read_records(path))
-    tensor_bytes = req.plan.bytes_of_ranks(req.ranks)
-    comparisons = [compare(records, p, tensor_bytes) for p in ("save", "restore")]
-    lines = [r.line() for r in rules(facts(
-        records, workload=req.workload.name, world_size=req.plan.world_size,
-        ranks=len(req.ranks), scale=scale, iterations=iterations,
-        bytes_per_checkpoint=comparisons[0].container_bytes))]
-    if as_json:
-        out: dict[str, Any] = {"results": str(path), "phases": [
-            {"phase": c.phase, "ratio": c.ratio, "tensor_bytes": c.tensor_bytes,
-             "container_bytes": c.container_bytes,
-             **{way: {"gibps_mean": s.mean, "gibps_stdev": s.stdev, "gibps": s.gibps,
-                      "seconds": s.seconds}
-                for way, s in (("mlperf", c.mlperf), ("mlperf_with_fsync", c.mlperf_with_fsync),
-                               ("ckptbench", c.ckptbench))}} for c in comparisons],
-            "rules": lines}
-        click.echo(json.dumps(out, indent=2))
-        return
-    render(comparisons, lines)
-    click.echo(f"results: {path}")
+    torch.save files, one thread per rank, all checkpoints written and then read, and report
+    it MLPerf's way next to ckptbench's, with the ratio and the CLOSED rules the run breaks."""
+    launch = open_launcher(launcher)
+    with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
+        req = build_request(workload, target, scale=scale, ranks=ranks, iterations=iterations,
+                            threads=1, format="torch-save", cache=cache, sequence=sequence,
+                            block_size=parse_size(block_size, "--block-size"))
+        check_disk(req)
+        path = Path(results) if results else \
+            Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
+        if measure(req, path, launch) is not None:  # None: MPI ranks other than 0
+            report(req, path, scale, as_json)
 
 
 COMMANDS = [mlperf_command]

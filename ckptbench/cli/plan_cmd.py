@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ckptbench.fields import parse_ranks
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.export import iter_plan_json, iter_restore_json, restore_summary, summary
 from ckptbench.plan.restore import build_restore_plan
@@ -17,7 +18,6 @@ from ckptbench.spec import (
     Workload,
     load_workload,
     parse_layout_overrides,
-    parse_ranks,
     scaled,
     with_restore,
 )

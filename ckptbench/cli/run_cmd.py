@@ -21,9 +21,11 @@ from rich.progress import (
 )
 
 from ckptbench.backends import IOHints, open_backend
+from ckptbench.cli.async_options import async_options, loop_options
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.fields import parse_ranks
 from ckptbench.formats import FORMATS, check_format
 from ckptbench.measure import measure
 from ckptbench.payload import MODES
@@ -31,8 +33,9 @@ from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.runner.options import LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
-from ckptbench.spec import load_workload, parse_ranks, scaled
+from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
 
 
@@ -125,6 +128,7 @@ RESTORE_PLANS = ("dcp", "files")
 @click.option("--stall-timeout", default="120s", show_default=True,
               help="Fail the run when a rank moves no byte for this long while saving or "
                    "restoring (e.g. 30s, 10min; off: never). Raise it for very slow storage.")
+@async_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as JSON, alone on stdout (progress and banner: stderr).")
@@ -134,11 +138,16 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
                 prefill: str, keep: bool, clean_debris: bool, no_restore: bool, cache: str, restore_shift: int | None,
                 results: str | None, launcher: str, fmt: str, codec: str, stall_timeout: str,
                 as_json: bool, wide: bool, width: int | None, restore_plan: str | None,
-                restore_world_size: int | None, restore_layout: str | None, no_verify: bool,
-                **_backend_values: Any) -> None:  # read as typed_backend_flags
-    """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file."""
+                restore_world_size: int | None, restore_layout: str | None, mode: str,
+                no_verify: bool, **values: Any) -> None:  # backends' read as typed_backend_flags
+    """Save and restore WORKLOAD's checkpoint on TARGET, measured; write a results file.
+
+    --mode async: checkpoints of a synthetic training loop instead (ITERATIONS of them),
+    measured for what the loop waits, the time until durable and the slowdown of training.
+    """
     backend_flags = typed_backend_flags(click.get_current_context())
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
+    loop = loop_options(values, mode, click.get_current_context())
     launch = open_launcher(launcher)
     # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
@@ -147,7 +156,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
              backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
              width=table.output_width(wide, width), clean_debris=clean_debris,
              restore=RestoreChoice(restore_plan, restore_world_size, restore_layout),
-             verify=not no_verify)
+             mode=mode, loop=loop, verify=not no_verify)
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
          codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
          restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False,
-         verify: bool = True) -> None:
+         mode: str = "sync", loop: LoopOptions | None = None, verify: bool = True) -> None:
     if not verify and fmt != "raw":
         raise SpecError(f"--no-verify needs --format raw (--format {fmt} always verifies); "
                         "allowed: drop --no-verify, or --format raw")
@@ -200,7 +209,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
         stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
-        verify=verify,
+        mode=mode, loop=loop or LoopOptions(), verify=verify,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -238,7 +247,9 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if as_json:
-        click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"]}, indent=2))
+        extra = {"async": outcome["async"]} if outcome.get("async") else {}
+        click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"],
+                               **extra}, indent=2))
     else:
         table.render_summary(table.console_for(width, plain=launch.kind == "mpi"), [outcome], width)
         click.echo(f"results: {results_path}")

@@ -17,6 +17,10 @@ Contract of every format (the :class:`Format` protocol):
 * ``written_names(plan, groups, options)`` (a classmethod): the names, relative to a
   checkpoint directory, of everything all the run's processes write in one checkpoint;
   the runner records them before the first write and deletes by them (never by listing).
+
+Where the bytes come from is a seam of its own (:class:`PayloadSource`): generated on the
+fly by default, or copied from a snapshot of a training loop's state (asynchronous
+checkpoints, ``ckptbench.runner.staging``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
@@ -133,6 +139,44 @@ def first_error(results: list[ThreadResult]) -> BaseException | None:
     return next((r.error for r in results if r.error is not None), None)
 
 
+class PayloadSource(Protocol):
+    """Where a format's writer threads get a file's bytes.
+
+    ``prefill``: the source may be drained ahead of the clock (generated payload); a
+    snapshot is already in memory and is never waited for before writing starts.
+    ``expect``: the format announces, before its threads start, which jobs each thread
+    takes and in what block size, in order (a bounded snapshot stages them in that order).
+    ``fill``: bytes [offset, offset + len(out)) of the job into `out` (past the job's end:
+    zeros). ``finish``: a thread is done with its jobs (also when it stopped early).
+    """
+
+    prefill: bool
+
+    def expect(self, threads: list[list[FileJob]], block: int) -> None: ...
+
+    def fill(self, job: FileJob, offset: int, out: np.ndarray) -> None: ...
+
+    def finish(self, jobs: list[FileJob]) -> None: ...
+
+
+class GeneratedPayload:
+    """The default source: the deterministic payload, generated as it is asked for."""
+
+    prefill = True
+
+    def __init__(self, gen: PayloadGenerator) -> None:
+        self.gen = gen
+
+    def expect(self, threads: list[list[FileJob]], block: int) -> None:
+        return None
+
+    def fill(self, job: FileJob, offset: int, out: np.ndarray) -> None:
+        self.gen.fill(job.base, job.regions, offset, out)
+
+    def finish(self, jobs: list[FileJob]) -> None:
+        return None
+
+
 class Format(Protocol):
     """What the runner asks of a format (see the module docstring)."""
 
@@ -196,6 +240,7 @@ class FormatBase:
         self.o = options
         self.progress = progress or (lambda n: None)
         self.gen = PayloadGenerator(options.payload, options.seed)
+        self.source: PayloadSource = GeneratedPayload(self.gen)  # replaced for snapshots
         size = Sizing.of(options, len(ranks), backend.alignment)
         self.align, self.block, self.nthreads = size.align, size.block, size.nthreads
         self.share, self.nbuf = size.share, size.nbuf

@@ -16,7 +16,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptbench.errors import VerificationError
-from ckptbench.formats.base import FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.base import (
+    FileJob,
+    FormatBase,
+    GeneratedPayload,
+    PayloadSource,
+    ThreadResult,
+    now,
+    round_up,
+)
 from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
 from ckptbench.formats.ranged import RangedRestore
 from ckptbench.formats.verify import describe_difference, first_difference
@@ -30,15 +38,19 @@ def by_size(job: FileJob) -> int:
 class PlanBytes:
     """One job's bytes as the plan lays them out, made block by block in order (save) or
     checked as they are read (restore). Formats that wrap the plan's bytes in a container
-    of their own (torch-save) provide their own, with the same three methods."""
+    of their own (torch-save) provide their own, with the same three methods. `source`:
+    where the bytes come from (default: generated; a snapshot of a training loop's state
+    in ``--mode async``)."""
 
-    def __init__(self, job: FileJob, gen: PayloadGenerator) -> None:
+    def __init__(self, job: FileJob, gen: PayloadGenerator,
+                 source: PayloadSource | None = None) -> None:
         self.job, self.gen = job, gen
+        self.source = source or GeneratedPayload(gen)
         self.hasher = ChunkHasher(job.regions)
 
     def fill(self, off: int, buf: np.ndarray, n: int) -> None:
         """The job's bytes [off, off + n) into buf (at least n rounded up to 8 long)."""
-        self.gen.fill(self.job.base, self.job.regions, off, buf[:round_up(n, 8)])
+        self.source.fill(self.job, off, buf[:round_up(n, 8)])
         self.hasher.update(off, buf[:n])
 
     def update(self, off: int, data: np.ndarray) -> str | None:
@@ -58,7 +70,7 @@ class RawFormat(RangedRestore, FormatBase):
 
     def job_bytes(self, job: FileJob) -> PlanBytes:
         """What makes and checks `job`'s bytes (see PlanBytes)."""
-        return PlanBytes(job, self.gen)
+        return PlanBytes(job, self.gen, self.source)
 
     def buffers_for(self, jobs: list[FileJob]) -> int:
         """Payload buffers for one writer thread. When the thread's whole payload fits its
@@ -90,6 +102,7 @@ class RawFormat(RangedRestore, FormatBase):
             res.error = exc
             ring.stop()
         finally:
+            self.source.finish(jobs)
             ring.primed.set()
             ring.put(None)
 
@@ -161,10 +174,12 @@ class RawFormat(RangedRestore, FormatBase):
         results = [ThreadResult() for _ in groups]
         producers = [threading.Thread(target=self._produce, args=(r, g, res), daemon=True)
                      for r, g, res in zip(rings, groups, results, strict=True)]
+        self.source.expect(groups, self.block)
         for t in producers:
             t.start()
-        for r in rings:  # payload for the first buffers is ready before the clock starts
-            r.primed.wait()
+        if self.source.prefill:  # the first buffers' payload is ready before the clock starts
+            for r in rings:
+                r.primed.wait()
         create_error = self._create_shared(jobs)
         self.group.barrier()
         if create_error is not None:

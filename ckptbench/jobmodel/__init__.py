@@ -12,6 +12,7 @@ the one into the other with the slowest of N nodes estimated from the measured s
 
 from ckptbench.jobmodel.checks import MIN_SAMPLES, Finding, findings
 from ckptbench.jobmodel.measured import (
+    AsyncMeasurement,
     Measurement,
     NodeSample,
     PhaseMeasurement,
@@ -32,7 +33,7 @@ from ckptbench.jobmodel.sweep import (
 from ckptbench.jobmodel.target import Target, from_plan, uniform
 
 __all__ = [
-    "MIN_SAMPLES", "SWEEP_SCHEMA", "Finding", "JobEstimate", "LogNormalFit", "Measurement",
+    "MIN_SAMPLES", "SWEEP_SCHEMA", "AsyncMeasurement", "Finding", "JobEstimate", "LogNormalFit", "Measurement",
     "NodeSample", "PhaseEstimate", "PhaseMeasurement", "SweepPoint", "Target", "choose",
     "estimate", "expected_max", "findings", "from_plan", "measurement_of", "read_measurements",
     "read_results", "saturation", "uniform", "workload_of", "write_sweep",

@@ -1,5 +1,7 @@
 """What a run measured, per node: read from a results file through ckptbench.records and
-ckptbench.report (no parser of its own), or from a sweep file that lists several.
+ckptbench.report (no parser of its own), or from a sweep file that lists several. A
+``--mode async`` run also measured what its training loop waited and how much the
+persist slowed it (:class:`AsyncMeasurement`); its save records are the persists'.
 
 A *node sample* is one host in one successful iteration of a phase: the bytes its ranks
 moved and the span from its first rank's start to its last rank's end (a node is done
@@ -56,6 +58,38 @@ class PhaseMeasurement:
 
 
 @dataclass(frozen=True)
+class AsyncMeasurement:
+    """What a ``--mode async`` run measured that the job's cost needs: the blocking time
+    of one process's state (waits for the previous persist left out: at an interval above
+    the floor there are none) and the interference during persists."""
+
+    blocking_s: float  # median over checkpoints, the slowest process
+    bytes_per_process: int  # the state each process snapshotted
+    interference: float | None  # measured (below 0, noise: charged as 0); None: not
+    source: str  # measurable (the steps slowed more than the persists lasted: load drift)
+
+    def blocking_for(self, bytes_per_gpu: float) -> float:
+        """The job's blocking time: a snapshot is a copy, linear in the bytes it copies."""
+        return self.blocking_s * bytes_per_gpu / self.bytes_per_process
+
+
+def async_of(summaries: list[dict[str, Any]], where: str, path: str) -> AsyncMeasurement | None:
+    """The async summary of a run (None for a sync run) as an AsyncMeasurement."""
+    if not summaries:
+        return None
+    record = summaries[0]
+    blocking = (record.get("blocking_without_wait_s") or {}).get("median")
+    nbytes = record.get("bytes_per_process")
+    inter = record.get("interference")
+    if not (isinstance(blocking, int | float) and blocking > 0 and isinstance(nbytes, int)
+            and nbytes > 0):
+        raise results_error(where, "the async summary has no blocking time; was a checkpoint"
+                                   " committed?")
+    return AsyncMeasurement(float(blocking), nbytes,
+                            float(inter) if isinstance(inter, int | float) else None, path)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """A run as the job model needs it (`path` names it in messages)."""
 
@@ -72,6 +106,7 @@ class Measurement:
     block_size: int | None
     save: PhaseMeasurement
     restore: PhaseMeasurement | None
+    asynchronous: AsyncMeasurement | None = None  # --mode async runs
 
     @property
     def samples(self) -> int:
@@ -171,6 +206,7 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
         block_size=options.get("block_size"),
         save=save,
         restore=restore,
+        asynchronous=async_of(loaded.get("async", []), where, str(path)),
     )
 
 

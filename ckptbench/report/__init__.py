@@ -1,4 +1,5 @@
-"""Records -> answers, and the answers shown: statistics (``summary``), the terminal table
+"""Records -> answers, and the answers shown: statistics (``summary``; ``asynchronous``
+for --mode async runs: blocking, persist, interference), the terminal table
 (``table``), the runs' differing options (``compare``), figures (``figures``, matplotlib)
 and the self-contained HTML report (``html``).
 
@@ -7,6 +8,7 @@ figures and the HTML page are imported by whoever renders them, so a run never p
 matplotlib.
 """
 
+from ckptbench.report.asynchronous import summarize_async
 from ckptbench.report.summary import (
     LATENCY_OPS,
     iteration_stats,
@@ -18,4 +20,4 @@ from ckptbench.report.summary import (
 )
 
 __all__ = ["LATENCY_OPS", "iteration_stats", "load", "stored_stats", "stored_summary",
-           "summarize", "view"]
+           "summarize", "summarize_async", "view"]

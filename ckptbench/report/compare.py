@@ -15,7 +15,7 @@ from typing import Any
 from ckptbench.units import format_size
 
 # Facet order in tables and labels: what people vary most often first.
-ORDER = ("workload", "backend", "io", "format", "codec", "ranks", "scale", "payload", "threads",
+ORDER = ("workload", "mode", "backend", "io", "format", "codec", "ranks", "scale", "payload", "threads",
          "block", "prefill", "cache", "shift", "seed", "launcher", "fs", "device", "host")
 
 
@@ -29,6 +29,7 @@ def facets(run: dict[str, Any]) -> dict[str, str]:
     shift = run.get("restore_shift", {})
     raw: dict[str, Any] = {
         "workload": run.get("workload", {}).get("name"),
+        "mode": "async" if opts.get("mode") == "async" else None,  # sync: said by its absence
         "backend": target.get("backend"),
         "io": backend_opts.pop("io", None),
         "format": opts.get("format", "raw"),

@@ -17,6 +17,7 @@ import numpy as np
 
 from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
+from ckptbench.report.asynchronous import SUMMARY, summarize_async
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
 
@@ -221,4 +222,5 @@ def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:
         "iterations": iteration_stats(records),
         "summary": summary,
         "errors": [r for r in records if r.get("type") == "error"],
+        "async": [r for r in records if r.get("type") == SUMMARY] or summarize_async(records),
     }

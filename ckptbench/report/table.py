@@ -174,6 +174,41 @@ def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     return Grid("stored bytes (zarr: after the codec)", tuple(cols), tuple(rows))
 
 
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def async_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
+    """--mode async runs: what the loop waited, the time until durable, the steps and the
+    interference (None when no run is asynchronous)."""
+    several = len(loaded) > 1
+    rows = []
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        for a in res.get("async", []):
+            ratio, inter = a["blocking_over_limit"]["median"], a["interference"]
+            rows.append(((name,) if several else ()) + (
+                str(a["checkpoints"]), _s(a["blocking_s"]["median"]), _s(a["blocking_s"]["p99"]),
+                str(a["waited_checkpoints"]), _s(a["snapshot_s"]["median"]),
+                _s(a["limit_s"]["median"]), "-" if ratio is None else f"{ratio:.2f}",
+                _s(a["persist_s"]["median"]), _s(a["persist_s"]["p99"]),
+                _s(a["durable_after_s"]["median"]), _s(a["calibrated_step_s"]),
+                _s(a["baseline_step_s"]), _s(a["during_step_s"]),
+                "-" if inter is None else f"{100 * inter:+.1f} %"))
+    if not rows:
+        return None
+    cols = ([Column("run", key=True, numeric=False)] if several else []) + [
+        Column("ckpts"), Column("blocking s", "med"), Column("blocking s", "p99"),
+        Column("waited"), Column("snapshot s", "med"), Column("limit s", "med"),
+        Column("x limit", "med"), Column("persist s", "med"), Column("persist s", "p99"),
+        Column("durable\nafter s", "med"), Column("step s", "calib"), Column("step s", "base"),
+        Column("step s", "during"), Column("interference")]
+    notes = ("Per checkpoint the slowest process; med, p99: over checkpoints. limit: the "
+             "state's bytes over one plain copy into staging, timed just before each snapshot; "
+             "x limit: blocking (without waits for the last persist) over it. step s: calib(rated "
+             "on the idle machine), base(line loop without checkpoints), during persists.",)
+    return Grid("asynchronous checkpoints", tuple(cols), tuple(rows), notes)
+
+
 def table_width(widths: Sequence[int]) -> int:
     """Characters a rich table with the default box takes: each cell padded by one space
     on each side, a rule between and around the columns."""
@@ -222,11 +257,12 @@ def render(console: Console, grid: Grid, width: int | None) -> None:
 
 
 def render_summary(console: Console, loaded: Sequence[dict[str, Any]], width: int | None) -> None:
-    """The summary table, and the stored-bytes table when a run recorded stored bytes."""
+    """The summary table, the stored-bytes table when a run recorded stored bytes, and the
+    asynchronous checkpoints' table for --mode async runs."""
     render(console, summary_grid(loaded), width)
-    stored = storage_grid(loaded)
-    if stored is not None:
-        render(console, stored, width)
+    for extra in (storage_grid(loaded), async_grid(loaded)):
+        if extra is not None:
+            render(console, extra, width)
 
 
 def output_width(wide: bool, width: int | None) -> int | None:

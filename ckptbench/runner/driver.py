@@ -15,6 +15,13 @@ restore   the format reads the manifest, then every chunk, and checks every dige
 cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrote, then its
           directories if that leaves them empty (runner.cleanup)
 
+--mode async runs its own loop (runner.async_mode), handed this module's claim, commit and
+restore (:class:`Iterations`) so that a checkpoint is claimed, committed, restored and
+removed the same way.
+
+The steps run per checkpoint in turn, or all saves and then all restores (MLPerf Storage
+v2.0's order): runner.sequence.
+
 Errors inside a phase are caught on each process and gathered, so the group always
 decides together: a failed iteration is removed (no manifest is ever left for it) and
 the run stops with the finished iterations' records kept.
@@ -23,7 +30,6 @@ the run stops with the finished iterations' records kept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptbench.backends import Backend
@@ -33,8 +39,6 @@ from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
     Format,
-    ThreadResult,
-    TimedOp,
     file_jobs,
     first_error,
     manifest_files,
@@ -48,8 +52,6 @@ from ckptbench.plan.restore import RestorePlan, restore_plan_of
 from ckptbench.records import (
     ErrorRecord,
     OpRecord,
-    RankRecord,
-    Record,
     RecordSink,
     RestorePhaseRecord,
     SavePhaseRecord,
@@ -57,81 +59,14 @@ from ckptbench.records import (
 from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
+from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
-
-OP_KINDS = ("open", "write", "fsync", "close", "read")
 
 
 def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> list[int]:
     pos = {r: k for k, r in enumerate(all_ranks)}
     return [all_ranks[(pos[r] + shift) % len(all_ranks)] for r in my_ranks]
-
-
-@dataclass(frozen=True)
-class RankOp:
-    """A format's timed op, on process 0's clock, with the plan rank and thread it was for."""
-
-    op: TimedOp
-    rank: int
-    thread: int
-
-
-@dataclass
-class PhaseReport:
-    """What one process sends to the coordinator after a phase (picklable)."""
-
-    ops: list[RankOp]
-    digests: dict[int, list[int]]
-    mismatches: list[str]
-    error: tuple[str, str] | None
-    host: str
-    backend_stats: dict[str, int]
-    manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
-    objects: dict[str, int] | None = None  # metadata objects written and their digests
-
-
-def _report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
-            error: BaseException | None, backend_stats: dict[str, int]) -> PhaseReport:
-    job_rank = {j.index: j.rank for j in jobs}
-    offset = comm.clock_offset_ns()
-    ops = [RankOp(replace(o, start_ns=o.start_ns + offset, end_ns=o.end_ns + offset),
-                  o.rank if o.rank >= 0 else job_rank[o.file], t)
-           for t, r in enumerate(results) for o in r.ops]
-    return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
-                       [m for r in results for m in r.mismatches],
-                       describe_error(error) if error else None, comm.host(), backend_stats,
-                       objects={k: d for r in results for k, d in r.objects.items()})
-
-
-def _records(plan: Plan, iteration: int, phase: str,
-             gathered: list[PhaseReport]) -> list[Record]:
-    out: list[Record] = []
-    per_rank: dict[int, RankRecord] = {}
-    for proc, report in enumerate(gathered):
-        for rop in report.ops:
-            o = rop.op
-            a, b = o.start_ns, o.end_ns
-            name = plan.manifest if o.op == "manifest" else plan.file_paths[o.file]
-            out.append(OpRecord(iteration, phase, rop.rank, rop.thread, o.op, name, o.nbytes,
-                                a, b, extra=o.extra))
-            rec = per_rank.get(rop.rank)
-            if rec is None:
-                rec = per_rank[rop.rank] = RankRecord(
-                    iteration, phase, rop.rank, proc, report.host, start_ns=a, end_ns=b,
-                    seconds=dict.fromkeys(OP_KINDS, 0.0))
-            rec.bytes += o.nbytes
-            rec.ops += 1
-            rec.start_ns = min(rec.start_ns, a)
-            rec.end_ns = max(rec.end_ns, b)
-            rec.seconds[o.op] = rec.seconds.get(o.op, 0.0) + (b - a) / 1e9
-            if o.extra and "stored_bytes" in o.extra:
-                rec.stored_bytes = (rec.stored_bytes or 0) + o.extra["stored_bytes"]
-    for report in gathered:  # backend counters (retries...) go to the process's first rank
-        ranks_of_proc = sorted({rop.rank for rop in report.ops})
-        if ranks_of_proc and report.backend_stats:
-            per_rank[ranks_of_proc[0]].backend = report.backend_stats
-    out += [per_rank[r] for r in sorted(per_rank)]
-    return out
 
 
 def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
@@ -142,68 +77,122 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     `watch`, this process's saves and restores are watched for stalls (runner.stall).
     `names`: what the run writes (process 0 deletes by them; default: one plan rank a
     process)."""
-    fmt, watched = _watched_format(plan, my_ranks, backend, comm, options, progress, watch)
-    coordinator = comm.rank == 0
-    if coordinator and names is None:
-        names = run_names(plan, options, [[r] for r in all_ranks])
-    made = names if names is not None else RunNames(options.run_id, (), ())  # process 0's
-    rplan = restore_plan_of(plan) if options.uses_restore_plan else None
-    restore_ranks: list[int] = []
-    written: set[int] | None = None
-    if rplan is not None:
-        restore_ranks = restore_positions(my_ranks, all_ranks, plan.world_size,
-                                          rplan.world_size, options.restore_shift)
-        if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
-            written = {f for r in all_ranks for f in plan.files_of_rank(r)}
+    run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
+                     names)
+    if options.mode == "async":  # checkpoints of a training loop (runner.async_mode)
+        from ckptbench.runner.async_mode import AsyncLoop
+
+        AsyncLoop(run).run()
+        return
     restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
-    for it in range(1, options.iterations + 1):
-        name = plan.checkpoint_name(it)
-        ckpt = options.checkpoint or f"{options.run_id}/{name}"
-        saved_as = options.checkpoint_iteration if restore_only else it
-        manifest_key = f"{ckpt}/{plan.manifest}"
-        jobs = file_jobs(plan, my_ranks, ckpt, saved_as, options.seed)
-        if not restore_only:
-            # --- claim: a new directory (never one that exists) ---
-            _agree(comm, _claim(backend, ckpt, it, sink) if coordinator else None)
-            _save(plan, jobs, fmt, watched, backend, comm, made, name, it, options, sink)
+    for step in steps(options.sequence, options.iterations):  # runner.sequence
+        it = step.iteration
+        if step.save and not restore_only:
+            run.claim(it)
+            _save(plan, run.jobs(it), run.fmt, run.watched, backend, comm, run.made,
+                  plan.checkpoint_name(it), it, options, sink)
+        if step.read:
+            run.restore(it)
 
-        methods = _evict(fmt, jobs, backend, comm, options)
 
-        # --- restore ---
+class Iterations:
+    """One process's run as its iterations share it: the format (watched for stalls), the
+    names process 0 deletes by, the restore plan and this process's ranks in it; the
+    collective steps of one checkpoint (claim, restore and cleanup) for either mode."""
+
+    def __init__(self, plan: Plan, my_ranks: list[int], all_ranks: list[int],
+                 backend: Backend, comm: Comm, options: RunOptions, sink: RecordSink | None,
+                 progress: Callable[[int], None] | None, watch: StallWatch | None,
+                 names: RunNames | None) -> None:
+        self.plan, self.my_ranks, self.all_ranks = plan, my_ranks, all_ranks
+        self.backend, self.comm, self.options, self.sink = backend, comm, options, sink
+        self.moved = _moved(progress, watch)
+        self.fmt, self.watched = _watched_format(plan, my_ranks, backend, comm, options,
+                                                 self.moved, watch)
+        if comm.rank == 0 and names is None:
+            names = run_names(plan, options, [[r] for r in all_ranks])
+        self.made = names if names is not None else RunNames(options.run_id, (), ())
+        self.rplan = restore_plan_of(plan) if options.uses_restore_plan else None
+        self.restore_ranks: list[int] = []
+        self.written: set[int] | None = None
+        if self.rplan is not None:
+            self.restore_ranks = restore_positions(my_ranks, all_ranks, plan.world_size,
+                                                   self.rplan.world_size, options.restore_shift)
+            if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
+                self.written = {f for r in all_ranks for f in plan.files_of_rank(r)}
+        self.restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
+
+    def checkpoint(self, it: int) -> str:
+        return self.options.checkpoint or f"{self.options.run_id}/{self.plan.checkpoint_name(it)}"
+
+    def saved_as(self, it: int) -> int:
+        return self.options.checkpoint_iteration if self.restore_only else it
+
+    def jobs(self, it: int) -> list[FileJob]:
+        """This process's jobs of iteration `it`'s checkpoint."""
+        return file_jobs(self.plan, self.my_ranks, self.checkpoint(it), self.saved_as(it),
+                         self.options.seed)
+
+    def claim(self, it: int) -> None:
+        """Collective: process 0 creates the checkpoint's directory, exclusively (never
+        one that exists); RunFailed everywhere when it cannot."""
+        root = self.comm.rank == 0
+        _agree(self.comm, _claim(self.backend, self.checkpoint(it), it, self.sink) if root
+               else None)
+
+    def commit(self, it: int, gathered: list[PhaseReport], sink: RecordSink | None
+               ) -> dict[str, Any]:
+        """Process 0: the manifest of iteration `it` committed atomically (or the partial
+        checkpoint removed), its records to `sink`; the decision."""
+        return _commit(self.plan, self.backend, self.made, self.plan.checkpoint_name(it), it,
+                       self.options, gathered, sink)
+
+    def restore(self, it: int) -> None:
+        """Collective, once iteration `it`'s checkpoint is committed: evict it from caches,
+        restore and verify it, then remove it unless kept; RunFailed everywhere when the
+        restore fails."""
+        plan, comm, options = self.plan, self.comm, self.options
+        name, ckpt, saved_as = plan.checkpoint_name(it), self.checkpoint(it), self.saved_as(it)
+        coordinator = comm.rank == 0
+        methods = _evict(self.fmt, self.jobs(it), self.backend, comm, options)
         if options.restore:
+            manifest_key = f"{ckpt}/{plan.manifest}"
             manifest_t: tuple[int, int] | None = None
             rjobs: list[FileJob] = []
             decision: dict[str, Any] = {"ok": True}
             try:
-                with watched.watching(f"the restore of {plan.checkpoint_name(it)}"):
-                    if rplan is not None:
-                        rjobs, _, _ = restore_jobs(rplan, restore_ranks, ckpt, saved_as,
-                                                   options.seed, written)
-                        rresults = fmt.restore_ranged(rjobs, manifest_key, restore_ranks)  # type: ignore[attr-defined]
+                with self.watched.watching(f"the restore of {name}"):
+                    if self.rplan is not None:
+                        rjobs, _, _ = restore_jobs(self.rplan, self.restore_ranks, ckpt,
+                                                   saved_as, options.seed, self.written)
+                        rresults = self.fmt.restore_ranged(  # type: ignore[attr-defined]
+                            rjobs, manifest_key, self.restore_ranks)
                     else:
-                        read_ranks = _restore_ranks(my_ranks, all_ranks, options.restore_shift)
+                        read_ranks = _restore_ranks(self.my_ranks, self.all_ranks,
+                                                    options.restore_shift)
                         rjobs = file_jobs(plan, read_ranks, ckpt, saved_as, options.seed)
-                        rresults, manifest_t = fmt.restore(rjobs, manifest_key)
+                        rresults, manifest_t = self.fmt.restore(rjobs, manifest_key)
                 rerr = first_error(rresults)
             except BaseException as exc:
                 rresults, rerr = [], exc
-            mine = _report(rresults, rjobs, comm, rerr, backend.stats())
+            mine = phase_report(rresults, rjobs, comm, rerr, self.backend.stats())
             if manifest_t is not None:
                 off = comm.clock_offset_ns()
                 mine.manifest = (manifest_t[0] + off, manifest_t[1] + off)
             rgathered = comm.gather(mine)
             if coordinator:
                 assert rgathered is not None and methods is not None
-                decision = _finish_restore(plan, it, rgathered, methods, options, sink,
-                                           _restore_facts(plan, rplan, all_ranks, written))
-                if not decision["ok"] and not (options.keep or restore_only):
-                    remove_checkpoint(backend, made, name)
+                decision = _finish_restore(
+                    plan, it, rgathered, methods, options, self.sink,
+                    _restore_facts(plan, self.rplan, self.all_ranks, self.written))
+                if not decision["ok"] and not (options.keep or self.restore_only):
+                    remove_checkpoint(self.backend, self.made, name)
             _agree(comm, decision)
 
         # --- cleanup ---
         comm.barrier()
-        if coordinator and not (options.keep or restore_only):
-            remove_checkpoint(backend, made, name)
+        if coordinator and not (options.keep or self.restore_only):
+            remove_checkpoint(self.backend, self.made, name)
 
 
 def _evict(fmt: Format, jobs: list[FileJob], backend: Backend, comm: Comm,
@@ -239,19 +228,24 @@ def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dic
     return {"ok": True}
 
 
+def _moved(progress: Callable[[int], None] | None, watch: StallWatch | None
+           ) -> Callable[[int], None]:
+    """What a format calls as bytes move: the stall watch's tick and the progress bar."""
+    def moved(n: int) -> None:
+        if watch is not None:
+            watch.tick(n)
+        if progress is not None:
+            progress(n)
+    return moved
+
+
 def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Comm,
-                    options: RunOptions, progress: Callable[[int], None] | None,
+                    options: RunOptions, moved: Callable[[int], None],
                     watch: StallWatch | None) -> tuple[Format, StallWatch]:
-    """The run's format, its bytes reported to `progress` and to the stall `watch`, its
+    """The run's format, its bytes reported to `moved` (the stall watch and progress), its
     waits for peers holding the watch; and the watch to arm around its phases (one that
     never fires for a format that reports its bytes only once per phase)."""
     watch = watch or StallWatch(0, lambda _message: None)
-
-    def moved(n: int) -> None:
-        watch.tick(n)
-        if progress is not None:
-            progress(n)
-
     fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
                       options.format_options(), moved)
     if getattr(fmt, "streams_progress", True):
@@ -303,7 +297,7 @@ def _save(plan: Plan, jobs: list[FileJob], fmt: Any, watched: StallWatch, backen
         err = first_error(results)
     except BaseException as exc:
         results, err = [], exc
-    gathered = comm.gather(_report(results, jobs, comm, err, backend.stats()))
+    gathered = comm.gather(phase_report(results, jobs, comm, err, backend.stats()))
     decision: dict[str, Any] = {"ok": True}
     if comm.rank == 0:
         assert gathered is not None
@@ -320,7 +314,7 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
             sink: RecordSink | None) -> dict[str, Any]:
     ckpt = f"{options.run_id}/{name}"
     manifest_key = f"{ckpt}/{plan.manifest}"
-    records = _records(plan, it, "save", gathered)
+    records = phase_records(plan, it, "save", gathered)
     failure = _fail(gathered)
     commit: tuple[int, int] | None = None
     if failure is None:
@@ -370,7 +364,7 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
 def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],
                     options: RunOptions, sink: RecordSink | None,
                     facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    records = _records(plan, it, "restore", gathered)
+    records = phase_records(plan, it, "restore", gathered)
     for proc, report in enumerate(gathered):
         if report.manifest is not None:
             a, b = report.manifest
@@ -395,4 +389,4 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     return {"ok": True}
 
 
-__all__ = ["RunFailed", "run_iterations"]
+__all__ = ["Iterations", "PhaseReport", "RunFailed", "run_iterations"]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptbench.backends import Backend
+from ckptbench.errors import SpecError
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
+from ckptbench.runner.sequence import RunSequence, check_sequence
+from ckptbench.runner.training import KERNELS
 from ckptbench.spec import Workload
 
 if TYPE_CHECKING:
@@ -18,6 +22,36 @@ if TYPE_CHECKING:
 
 def new_run_id() -> str:
     return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+MODES = ("sync", "async")
+MAX_STEP_S = 3600.0  # a training step; a typo (1e9) would never end
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """--mode async: the synthetic training loop the checkpoints are taken from."""
+
+    step_seconds: float = 1.0  # one training step's compute, calibrated on this machine
+    steps_per_checkpoint: int = 10
+    staging_bytes: int = 0  # staging memory per process; 0: as much as the state
+    kernel: str = "auto"  # auto | memory | matmul (auto: matmul on CUDA, else memory)
+    device: str = "auto"  # where the state lives: auto | host | cuda
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.step_seconds) and 0 < self.step_seconds <= MAX_STEP_S):
+            raise SpecError(f"--step-seconds {self.step_seconds} must be > 0 and at most "
+                            f"{MAX_STEP_S:g} (an hour: a step, not a run)")
+        if self.steps_per_checkpoint < 1:
+            raise SpecError(f"--steps-per-checkpoint {self.steps_per_checkpoint} must be >= 1")
+        if self.staging_bytes < 0:
+            raise SpecError(f"--staging-memory {self.staging_bytes} must be >= 0 (0: the state)")
+        if self.kernel not in KERNELS:
+            raise SpecError(f"--step-kernel {self.kernel!r} is not allowed; allowed: "
+                            f"{', '.join(KERNELS)}")
+        if self.device not in ("auto", "host", "cuda"):
+            raise SpecError(f"--state-device {self.device!r} is not allowed; allowed: auto, "
+                            "host, cuda")
 
 
 @dataclass(frozen=True)
@@ -45,6 +79,14 @@ class RunOptions:
     checkpoint: str = ""
     checkpoint_iteration: int = 1
     clean_debris: bool = False  # remove what interrupted runs left on the target (by name)
+    mode: str = "sync"  # sync: save then restore; async: checkpoints of a training loop
+    loop: LoopOptions = field(default_factory=LoopOptions)  # --mode async only
+    sequence: RunSequence = "interleaved"  # or writes-then-reads (runner.sequence)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SpecError(f"--mode {self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        check_sequence(self.sequence)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,7 +7,9 @@ size has a floor and a ceiling (and, for direct I/O, the backend's alignment: a 
 that is not a multiple of it would be written as larger calls than recorded), threads
 have a cap, and the buffers every process on one host will fault in (threads x blocks x
 ranks, the prefill; each format's own estimate) must fit the memory the kernel says is
-available there.
+available there. In --mode async each process also holds its training state (host memory
+without a GPU) and its staging memory (``--staging-memory``, at most the state): counted
+too, and the refusal names them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ckptbench.errors import SpecError
 from ckptbench.formats import format_class
+from ckptbench.runner.async_mode import check_async, loop_memory_bytes
 from ckptbench.runner.options import RunRequest
 from ckptbench.units import format_size
 
@@ -51,6 +54,7 @@ def check_options(req: RunRequest) -> None:
                         f"allowed: a multiple of {WORD}, e.g. 1MiB or 8MiB")
     if o.threads > MAX_THREADS:
         raise SpecError(f"--threads {o.threads}: allowed: 1 to {MAX_THREADS} I/O threads per rank")
+    check_async(req.plan, o)
 
 
 def mem_available() -> int | None:
@@ -78,28 +82,49 @@ def host_needs(req: RunRequest, topo: Topology) -> dict[str, tuple[int, int, int
     return {h: (n[0], n[1], n[2]) for h, n in needs.items()}
 
 
+def loop_needs(req: RunRequest, topo: Topology) -> dict[str, tuple[int, int]]:
+    """host -> (state, staging) bytes of its processes' training loops (--mode async)."""
+    needs: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for group, host in zip(topo.groups, topo.hosts, strict=True):
+        state, staging = loop_memory_bytes(req.plan, group, req.options)
+        needs[host][0] += state
+        needs[host][1] += staging
+    return {h: (n[0], n[1]) for h, n in needs.items()}
+
+
 def resource_error(req: RunRequest, topo: Topology, available: int | None = None
                    ) -> SpecError | None:
     """Why the most loaded host cannot run its share (or None): too many threads, or
-    buffers that do not fit this host's available memory (hosts alike, as on a cluster;
-    under MPI every process checks and the launcher agrees on the first refusal)."""
+    buffers (and an async run's state and staging) that do not fit this host's available
+    memory (hosts alike, as on a cluster; under MPI every process checks and the launcher
+    agrees on the first refusal)."""
     needs = host_needs(req, topo)
     if not needs:
         return None
     o = req.options
-    memory, _threads, ranks = max(needs.values())
     busiest = max(n[1] for n in needs.values())
     if busiest > MAX_HOST_THREADS:
         per_host = max(n[2] for n in needs.values())
         return SpecError(f"--threads {o.threads} x {per_host} ranks on one host = {busiest} I/O "
                          f"threads; allowed: at most {MAX_HOST_THREADS} per host (fewer "
                          "--threads or ranks)")
+    loops = loop_needs(req, topo)
+    host = max(needs, key=lambda h: needs[h][0] + sum(loops.get(h, (0, 0))))
+    memory, _threads, ranks = needs[host]
+    state, staging = loops.get(host, (0, 0))
     available = mem_available() if available is None else available
-    if available is None or memory <= MEMORY_SHARE * available:
+    if available is None or memory + state + staging <= MEMORY_SHARE * available:
         return None
+    have = f"this host has {format_size(available)} available (MemAvailable)"
+    buffers = (f"--threads {o.threads} x --block-size {format_size(o.block_size)} and --prefill "
+               f"{format_size(o.prefill_bytes)} per rank")
+    if state or staging:
+        return SpecError(
+            f"--mode async: {ranks} ranks on one host hold {format_size(state)} of training "
+            f"state and --staging-memory {format_size(staging)} (at most the state) besides "
+            f"{format_size(memory)} of I/O buffers ({buffers}); {have}; allowed: a smaller "
+            "--staging-memory, a larger --scale or fewer ranks per host, or smaller buffers")
     return SpecError(
-        f"--threads {o.threads} x --block-size {format_size(o.block_size)} and --prefill "
-        f"{format_size(o.prefill_bytes)} per rank, {ranks} ranks on one host, need about "
-        f"{format_size(memory)} of buffers (--format {o.format}); this host has "
-        f"{format_size(available)} available (MemAvailable); allowed: fewer --threads, a "
-        "smaller --block-size or --prefill, or fewer ranks per host")
+        f"{buffers}, {ranks} ranks on one host, need about {format_size(memory)} of buffers "
+        f"(--format {o.format}); {have}; allowed: fewer --threads, a smaller --block-size or "
+        "--prefill, or fewer ranks per host")

@@ -291,7 +291,7 @@ def test_striping_not_available_is_recorded(tmp_path, monkeypatch):
     rec = apply_striping(tmp_path, "lustre", 1 << 20, 4)
     assert rec["applied"] is False and rec["reason"] == "not available: lfs is not on PATH"
     assert apply_striping(tmp_path, "ext4", 1 << 20, 4)["reason"] == \
-        "not available on ext4 (Lustre and BeeGFS only)"
+        "not available on ext4 (striping is mapped on Lustre, BeeGFS, CephFS and GlusterFS only)"
     assert apply_striping(tmp_path, "lustre", 1 << 20, 0)["reason"].startswith("not requested")
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ckptbench.errors import SpecError
-from ckptbench.spec import load_workload, parse_ranks, parse_workload, scaled
+from ckptbench.fields import parse_ranks
+from ckptbench.spec import load_workload, parse_workload, scaled
 
 CUSTOM = {
     "model": {"name": "custom", "layers": 2, "dim": 256, "heads": 8, "kv_heads": 4,

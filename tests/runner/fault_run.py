@@ -1,11 +1,13 @@
 """`ckptbench run` with faults injected through the library's seams (tests only).
 
     python tests/runner/fault_run.py [--die-file SUBSTRING --die-after BYTES]
+                                     [--full-file SUBSTRING --full-after BYTES]
                                      [--hosts a,a,b,b] -- RUN ARGS...
 
 --die-file: the process writing a key containing SUBSTRING exits (status 9) once it has
-written BYTES of such keys. --hosts: under MPI, a host name per MPI rank instead of the
-real one (multi-node paths on one machine). Both wrap what the CLI would build.
+written BYTES of such keys. --full-file: writes to such keys fail with ENOSPC once BYTES
+of them were written (a disk filling up). --hosts: under MPI, a host name per MPI rank
+instead of the real one (multi-node paths on one machine). All wrap what the CLI builds.
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench.cli import main, run_cmd
-from tests.faults import DyingBackend
+from tests.faults import DyingBackend, FullDiskBackend
 
 
-def install(die_file: str | None, die_after: int, hosts: list[str] | None) -> None:
-    if die_file:
+def install(die_file: str | None, die_after: int, hosts: list[str] | None,
+            full_file: str | None = None, full_after: int = 0) -> None:
+    if die_file or full_file:
         open_backend = run_cmd.open_backend
 
-        def dying(*args: Any, **kwargs: Any) -> Any:
-            return DyingBackend(open_backend(*args, **kwargs), lambda k: die_file in k, die_after)
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            backend = open_backend(*args, **kwargs)
+            if full_file:
+                backend = FullDiskBackend(backend, lambda k: full_file in k, full_after)
+            if die_file:
+                backend = DyingBackend(backend, lambda k: die_file in k, die_after)
+            return backend
 
-        run_cmd.open_backend = dying  # type: ignore[assignment]
+        run_cmd.open_backend = faulty  # type: ignore[assignment]
     if hosts:
         from ckptbench.runner import launch_mpi
 
@@ -42,9 +50,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--die-file")
     ap.add_argument("--die-after", type=int, default=1)
+    ap.add_argument("--full-file")
+    ap.add_argument("--full-after", type=int, default=0)
     ap.add_argument("--hosts")
     ap.add_argument("run_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    install(a.die_file, a.die_after, a.hosts.split(",") if a.hosts else None)
+    install(a.die_file, a.die_after, a.hosts.split(",") if a.hosts else None, a.full_file,
+            a.full_after)
     args = a.run_args[1:] if a.run_args[:1] == ["--"] else a.run_args
     sys.exit(main(["run", *args]))

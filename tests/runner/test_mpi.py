@@ -222,6 +222,30 @@ def test_fewer_processes_than_plan_ranks_run_contiguous_groups(tmp_path):
 
 
 @needs_mpi
+def test_mpi_mlperf_writes_all_checkpoints_then_reads_them(tmp_path):
+    """`mpirun -np 2 ckptbench mlperf`: the v2.0 order under MPI, one report from rank 0."""
+    assert MPIRUN is not None
+    results = tmp_path / "r.jsonl"
+    r, _ = run([MPIRUN, "-np", "2", "--oversubscribe", sys.executable, "-m", "ckptbench",
+                "mlperf", str(ROOT / "workloads" / "mlperf-llama3-8b.toml"), "--scale", "32",
+                "--ranks", "0-1", "--iterations", "3", "--target", str(tmp_path / "t"),
+                "--results", str(results), "--json"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # rank 0's report alone
+    assert "PASS closed.sequence: all 3 checkpoints written, then read in the order written" \
+        in out["rules"]
+    recs = records(results)
+    assert recs[0]["launcher"] == "mpi" and recs[0]["mpi"]["groups"] == [[0], [1]]
+    phases = [(x["phase"], x["iteration"]) for x in recs if x["type"] == "phase"]
+    assert phases == [("save", i) for i in (1, 2, 3)] + [("restore", i) for i in (1, 2, 3)]
+    ops = [x for x in recs if x["type"] == "op"]
+    assert max(x["end_ns"] for x in ops if x["phase"] == "save") <= \
+        min(x["start_ns"] for x in ops if x["phase"] == "restore")
+    assert all(x["verified"] for x in recs if x["type"] == "phase" and x["phase"] == "restore")
+    assert not (tmp_path / "t").exists()
+
+
+@needs_mpi
 def test_several_nodes_shift_restores_to_another_node_and_measure_clocks(tmp_path):
     # Two pretend nodes (host names passed in by the test script): a = MPI ranks 0, 1; b = 2, 3. N-1 shared file, O_DIRECT.
     workload = tmp_path / "shared.toml"

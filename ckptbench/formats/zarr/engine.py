@@ -47,36 +47,11 @@ from ckptbench.formats.common import (
 )
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
 from ckptbench.formats.verify import check_object, describe_difference, object_digest
+from ckptbench.formats.zarr.inflight import BufferPool, Countdown, by_nbytes, settle, still_running
 from ckptbench.formats.zarr.layout import ZarrLayout
 from ckptbench.formats.zarr.store import BackendStore
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
-
-
-def by_nbytes(task: ChunkTask) -> int:
-    return task.nbytes
-
-
-class _Buffers:
-    """Reusable generation buffers (fresh pages cost as much as the copy into them)."""
-
-    KEEP = 64
-
-    def __init__(self) -> None:
-        self.free: list[np.ndarray] = []
-        self.lock = threading.Lock()
-
-    def get(self, n: int) -> np.ndarray:
-        with self.lock:
-            fits = [i for i, b in enumerate(self.free) if n <= len(b) <= 2 * n + 4096]
-            if fits:
-                return self.free.pop(min(fits, key=lambda i: len(self.free[i])))
-        return np.empty(n, dtype=np.uint8)
-
-    def put(self, buf: np.ndarray) -> None:
-        with self.lock:
-            self.free.append(buf)
-            del self.free[:-self.KEEP]
 
 
 class ZarrFormat(FormatBase):
@@ -116,7 +91,7 @@ class ZarrFormat(FormatBase):
         self.pool = ThreadPoolExecutor(self.nthreads * self.concurrency,
                                        thread_name_prefix="ckptbench-zarr")
         weakref.finalize(self, self.pool.shutdown, wait=False)
-        self.buffers = _Buffers()
+        self.buffers = BufferPool()
         self._local = threading.local()
         self._arrays: dict[tuple[Any, ...], Any] = {}
         self._arrays_lock = threading.Lock()
@@ -252,14 +227,14 @@ class ZarrFormat(FormatBase):
                 res.op("encode", t.job.index, 0, t0, now())
                 futures = [self.pool.submit(self._put_shard, key, enc, logical, t.job.index,
                                             ckpt, res) for key, enc, logical in shards]
-                done = _Countdown(len(futures), self._chunk_done(feed, t, buf))
+                done = Countdown(len(futures), self._chunk_done(feed, t, buf))
                 for f in futures:
                     f.add_done_callback(done)
-                pending = _still_running(pending + futures)
+                pending = still_running(pending + futures)
         except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
-        _settle(pending, feed, res)
+        settle(pending, feed, res)
 
     def _chunk_done(self, feed: ByteBudget, t: ChunkTask, buf: np.ndarray | None) -> Any:
         def done() -> None:
@@ -371,12 +346,12 @@ class ZarrFormat(FormatBase):
             for t in tasks:
                 if not feed.reserve(t.nbytes):
                     break
-                pending = _still_running(
+                pending = still_running(
                     [*pending, self.pool.submit(self._read_chunk, t, ckpt, feed, res)])
         except BaseException as exc:
             res.error = res.error or exc
             feed.stop()
-        _settle(pending, feed, res)
+        settle(pending, feed, res)
         feed.put(None)
 
     def _verify_feed(self, feed: ByteBudget, ckpt: str, expected: dict[str, Any], res: ThreadResult) -> None:
@@ -438,38 +413,3 @@ class ZarrFormat(FormatBase):
         for t in threads:
             t.join()
         return results, (t0, t1)
-
-
-def _still_running(pending: list[Future[None]]) -> list[Future[None]]:
-    """Raise the first failure among finished I/O futures; keep the unfinished ones."""
-    for f in pending:
-        if f.done() and f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
-    return [f for f in pending if not f.done()]
-
-
-def _settle(pending: list[Future[None]], feed: ByteBudget, res: ThreadResult) -> None:
-    """Wait for the I/O still in flight; its first failure is the thread's error."""
-    for f in pending:
-        failure = f.exception()
-        if failure is not None and res.error is None:
-            res.error = failure
-            feed.stop()
-
-
-class _Countdown:
-    """A future callback that runs `then` once `n` futures are done."""
-
-    def __init__(self, n: int, then: Any) -> None:
-        self.n = n
-        self.then = then
-        self.lock = threading.Lock()
-        if n == 0:
-            then()
-
-    def __call__(self, _future: Any) -> None:
-        with self.lock:
-            self.n -= 1
-            last = self.n == 0
-        if last:
-            self.then()

@@ -1,0 +1,86 @@
+"""What each process sends process 0 after a phase, and the records process 0 makes of it.
+
+Every timed op is moved onto process 0's clock before it travels (the clock offset each
+process measured), tagged with the plan rank and thread it was for; process 0 turns the
+gathered reports into op records and one rank record per plan rank. Both modes use it:
+the sync iteration loop (runner.driver) and the background persists (runner.async_mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ckptbench.errors import describe_error
+from ckptbench.formats.base import FileJob, ThreadResult, TimedOp
+from ckptbench.plan import Plan
+from ckptbench.records import OpRecord, RankRecord, Record
+from ckptbench.runner.comm import Comm
+
+OP_KINDS = ("open", "write", "fsync", "close", "read")
+
+
+@dataclass(frozen=True)
+class RankOp:
+    """A format's timed op, on process 0's clock, with the plan rank and thread it was for."""
+
+    op: TimedOp
+    rank: int
+    thread: int
+
+
+@dataclass
+class PhaseReport:
+    """What one process sends to the coordinator after a phase (picklable)."""
+
+    ops: list[RankOp]
+    digests: dict[int, list[int]]
+    mismatches: list[str]
+    error: tuple[str, str] | None
+    host: str
+    backend_stats: dict[str, int]
+    manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
+    objects: dict[str, int] | None = None  # metadata objects written and their digests
+
+
+def phase_report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
+            error: BaseException | None, backend_stats: dict[str, int]) -> PhaseReport:
+    job_rank = {j.index: j.rank for j in jobs}
+    offset = comm.clock_offset_ns()
+    ops = [RankOp(replace(o, start_ns=o.start_ns + offset, end_ns=o.end_ns + offset),
+                  o.rank if o.rank >= 0 else job_rank[o.file], t)
+           for t, r in enumerate(results) for o in r.ops]
+    return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
+                       [m for r in results for m in r.mismatches],
+                       describe_error(error) if error else None, comm.host(), backend_stats,
+                       objects={k: d for r in results for k, d in r.objects.items()})
+
+
+def phase_records(plan: Plan, iteration: int, phase: str,
+             gathered: list[PhaseReport]) -> list[Record]:
+    out: list[Record] = []
+    per_rank: dict[int, RankRecord] = {}
+    for proc, report in enumerate(gathered):
+        for rop in report.ops:
+            o = rop.op
+            a, b = o.start_ns, o.end_ns
+            name = plan.manifest if o.op == "manifest" else plan.file_paths[o.file]
+            out.append(OpRecord(iteration, phase, rop.rank, rop.thread, o.op, name, o.nbytes,
+                                a, b, extra=o.extra))
+            rec = per_rank.get(rop.rank)
+            if rec is None:
+                rec = per_rank[rop.rank] = RankRecord(
+                    iteration, phase, rop.rank, proc, report.host, start_ns=a, end_ns=b,
+                    seconds=dict.fromkeys(OP_KINDS, 0.0))
+            rec.bytes += o.nbytes
+            rec.ops += 1
+            rec.start_ns = min(rec.start_ns, a)
+            rec.end_ns = max(rec.end_ns, b)
+            rec.seconds[o.op] = rec.seconds.get(o.op, 0.0) + (b - a) / 1e9
+            if o.extra and "stored_bytes" in o.extra:
+                rec.stored_bytes = (rec.stored_bytes or 0) + o.extra["stored_bytes"]
+    for report in gathered:  # backend counters (retries...) go to the process's first rank
+        ranks_of_proc = sorted({rop.rank for rop in report.ops})
+        if ranks_of_proc and report.backend_stats:
+            per_rank[ranks_of_proc[0]].backend = report.backend_stats
+    out += [per_rank[r] for r in sorted(per_rank)]
+    return out
