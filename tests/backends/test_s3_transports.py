@@ -35,7 +35,7 @@ def _needs(transport: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         importlib.util.find_spec(package) is None,
         reason=f"--s3-transport {transport} needs the {package} package (pip install "
-               "'ckptbench[s3-transports]'; the test extra pins it)")
+               "'ckptbench[s3-transports]'; the test extra has it)")
 
 
 TRANSPORTS = [pytest.param(t, marks=_needs(t)) for t in PACKAGES]
