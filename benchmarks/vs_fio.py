@@ -10,7 +10,11 @@ the same block size. Modes, each compared like with like:
 * both with fio's fallocate=none: by default fio preallocates its files before its clock
   starts, work a checkpointer does inside its own (blocks are allocated as it writes)
 * reads of what each wrote, after evicting the page cache (fio invalidate=1 plus
-  drop_caches when permitted; ckptbench's own cache rules).
+  drop_caches when permitted; ckptbench's own cache rules). Like fio, each rank reads
+  its whole file in --bs blocks (`--restore-plan files`); `--restore-plan dcp` times
+  ckptbench's default restore instead, DCP's per-chunk reads (many smaller reads, which
+  fio's sequential job does not make: a different workload, not the same one faster or
+  slower).
 
 Like fio, whose buffers are filled before it starts, ckptbench is given a --prefill large
 enough to generate each rank's payload before its clock starts; the bytes are still
@@ -65,13 +69,13 @@ from ckptbench.units import parse_size  # noqa: E402
 
 
 def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,
-                  direct: bool, prefill: int) -> tuple[float, float]:
+                  direct: bool, prefill: int, restore_plan: str) -> tuple[float, float]:
     """ckptbench's save and restore throughput in bytes/s, run in process through the
     library, as `ckptbench run` would."""
     results = directory / "ckptbench.jsonl"
     results.unlink(missing_ok=True)
     req = build_request(workload, str(directory / "ckptbench"), scale=scale, ranks=ranks,
-                        block_size=bs, prefill_bytes=prefill,
+                        block_size=bs, prefill_bytes=prefill, restore_plan=restore_plan,
                         backend_options={"io": "direct" if direct else "buffered"})
     outcome = measure(req, results)
     summaries = {s["phase"]: s["throughput_bytes_per_s"] for s in (outcome or {}).get("summary", [])}
@@ -101,7 +105,7 @@ def compare(args: argparse.Namespace, base: Path, sizes: list[int], prefill: int
                 w, r = fio_w[-1], fio_r[-1]
             else:
                 w, r = run_ckptbench(args.workload, base, args.scale, args.ranks, args.bs,
-                                     direct, prefill)
+                                     direct, prefill, args.restore_plan)
                 ck_w.append(w)
                 ck_r.append(r)
             print(f"{mode} run {i + 1}: {tool} save {w / 1e9:.3f} restore {r / 1e9:.3f} GB/s",
@@ -121,6 +125,9 @@ def main() -> int:
     ap.add_argument("--bs", type=int, default=8 << 20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="buffered,direct")
+    ap.add_argument("--restore-plan", choices=("files", "dcp"), default="files",
+                    help="ckptbench's restore: whole files in --bs blocks as fio reads them "
+                         "(files), or DCP's per-chunk reads, ckptbench run's default (dcp)")
     ap.add_argument("--prefill", default="rank",
                     help="ckptbench --prefill: 'rank' (each rank's bytes: no payload generated "
                     "on the clock) or a size such as 64MiB (ckptbench's default)")
