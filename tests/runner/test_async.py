@@ -247,15 +247,20 @@ def test_stopping_minio_fails_the_checkpoint_in_flight_and_keeps_the_durable_one
         # The error, and (MinIO being down) a note that the run's clean-up could not reach it
         lines = [x for x in _error_lines(err) if not x.startswith("ckptbench: note: cleaning up")]
         assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in err, err
-        # MinIO is gone when checkpoint 2 is due: making its directory fails, or (had the
-        # kill come later) its persist; either way no manifest, and checkpoint 1 stays
-        assert re.match(r"ckptbench: error: checkpoint 2: (its directory could not be made|"
-                        r"the background persist failed): .*cannot reach the endpoint", lines[0])
-        assert "no manifest written; checkpoint 1 is the last durable one" in lines[0]
+        # MinIO is gone when the next checkpoint is due (2, or 3 when a loaded machine
+        # saw checkpoint 1's manifest late): making its directory fails, or its persist;
+        # either way no manifest, and the one before it is the last durable one
+        failed = re.match(r"ckptbench: error: checkpoint (\d+): (its directory could not be "
+                          r"made|the background persist failed): .*cannot reach the endpoint",
+                          lines[0])
+        assert failed and int(failed[1]) in (2, 3), lines[0]
+        durable = int(failed[1]) - 1
+        assert f"no manifest written; checkpoint {durable} is the last durable one" in lines[0]
         assert server.access_key not in err + out + results.read_text()
         server.start()  # same data: what is left
         keys = server.list_keys(bucket, "stop/")
-        assert [k.split("/")[-2] for k in keys if k.endswith("/.metadata")] == ["checkpoint-1"]
+        committed = [k.split("/")[-2] for k in keys if k.endswith("/.metadata")]
+        assert committed == [f"checkpoint-{i}" for i in range(1, durable + 1)]
         manifest = parse_manifest(server.client().get_object(
             Bucket=bucket, Key=next(k for k in keys if k.endswith("/.metadata")))["Body"].read())
         for key, entry in manifest["files"].items():
