@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ckptbench.testing import FaultProxy, MinioServer, free_port
+from ckptbench.testing.minio import uploads_in_flight
 
 pytestmark = pytest.mark.s3
 
@@ -165,12 +166,6 @@ layout = "fsdp2"
 """
 
 
-def _uploads_in_flight(data_dir: Path) -> bool:
-    """MinIO keeps each unfinished multipart upload under .minio.sys/multipart/<hash>/<id>."""
-    root = data_dir / ".minio.sys" / "multipart"
-    return root.is_dir() and any(any(d.iterdir()) for d in root.iterdir() if d.is_dir())
-
-
 def _restored(results: Path, iteration: int) -> bool:
     """Whether the results file (being written) records that iteration's restore."""
     try:
@@ -208,7 +203,7 @@ def test_minio_killed_mid_save(minio_server: MinioServer, tmp_path: Path) -> Non
         while time.monotonic() < deadline and proc.poll() is None:
             if not iteration_1_done:
                 iteration_1_done = _restored(results, iteration=1)
-            if iteration_1_done and _uploads_in_flight(server.data_dir):
+            if iteration_1_done and uploads_in_flight(server.data_dir):
                 server.kill()  # SIGKILL: a crash in the middle of iteration 2's save
                 killed = True
                 break

@@ -59,6 +59,12 @@ def empty_trash(data_dir: Path) -> int:
     return len(entries)
 
 
+def uploads_in_flight(data_dir: Path) -> bool:
+    """Whether MinIO holds an unfinished multipart upload (under .minio.sys/multipart/<hash>/<id>)."""
+    root = data_dir / ".minio.sys" / "multipart"
+    return root.is_dir() and any(any(d.iterdir()) for d in root.iterdir() if d.is_dir())
+
+
 class MinioServer(Loopback):
     """One MinIO process: `with MinioServer() as m: m.endpoint, m.env(), m.make_bucket()`."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.testing import MinioServer
+from ckptbench.testing.minio import uploads_in_flight
 
 from .runs import BANNER, env
 
@@ -48,12 +49,6 @@ vocab_size = 8000
 world_size = 4
 layout = "fsdp2"
 """
-
-
-def uploads_in_flight(data_dir: Path) -> bool:
-    """MinIO keeps each unfinished multipart upload under .minio.sys/multipart/<hash>/<id>."""
-    root = data_dir / ".minio.sys" / "multipart"
-    return root.is_dir() and any(any(d.iterdir()) for d in root.iterdir() if d.is_dir())
 
 
 def children(pid: int) -> list[int]:
