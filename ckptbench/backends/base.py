@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -60,6 +60,25 @@ class ReadHandle(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @property
+    def requested_all(self) -> bool:
+        """A planned handle that reads ahead: every planned read is requested, so the
+        reader may open its next file and :meth:`prefetch` it. Default False: a handle
+        that does not read ahead gains nothing from an early open."""
+        return False
+
+    def borrow(self, offset: int, n: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """The `n` bytes at `offset` as a view of memory the handle already holds (a
+        store's read-ahead buffer), and the call that gives the view back, so the reader
+        verifies them in place; None (the default) where it holds no such memory: the
+        caller reads them with readinto."""
+        del offset, n
+        return None
+
+    def prefetch(self) -> None:
+        """Start this planned handle's reads before its first readinto. Default: none."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,13 @@ class Backend(ABC):
         concurrently; a read outside them is served all the same. Default: open_read."""
         del spans
         return self.open_read(key)
+
+    def warm_reads(self) -> None:
+        """Allocate and touch, in this process, the memory its reads will land in (a
+        store's read-ahead buffers), before a restore's clock starts, as the runner's own
+        buffers are: a restore times the store, not first-touch page faults (slow on a VM
+        that hands free pages back to its host). Default: nothing to warm."""
+        return None
 
     @abstractmethod
     def put_atomic(self, key: str, data: bytes) -> None:

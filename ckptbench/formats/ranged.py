@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from ckptbench.backends.base import ReadHandle
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import ChunkRead, FileJob, FormatBase, ThreadResult, now, round_up
 from ckptbench.formats.pipeline import BufferRing, assign_threads
@@ -112,6 +113,7 @@ class RangedRestore(FormatBase):
                  for _ in groups]
         for ring in rings:
             ring.touch()
+        self.backend.warm_reads()
         self.group.barrier()
         heads = [ThreadResult() for _ in ranks]
         manifests: list[dict[str, Any] | None] = [None] * len(ranks)
@@ -150,15 +152,23 @@ class RangedRestore(FormatBase):
         self._held = rings
         return heads + results
 
+    def _open_planned(self, job: FileJob, res: ThreadResult) -> ReadHandle:
+        t0 = now()
+        handle = self.backend.open_read_planned(
+            job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
+                      for rd in job.reads or []])
+        res.op("open", job.index, 0, t0, now(), rank=job.reader)
+        return handle
+
     def _read_ranges(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
+        """Read the jobs' chunks in order into `ring`. Where a file's handle has requested
+        all its reads (a store reading ahead), the next file is opened and prefetched."""
         align = self.align
+        ahead: ReadHandle | None = None
         try:
             for j, job in enumerate(jobs):
-                t0 = now()
-                handle = self.backend.open_read_planned(
-                    job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
-                              for rd in job.reads or []])
-                res.op("open", job.index, 0, t0, now(), rank=job.reader)
+                handle = ahead or self._open_planned(job, res)
+                ahead = None
                 try:
                     for k, rd in enumerate(job.reads or []):
                         n = rd.region.end - rd.region.start
@@ -171,9 +181,13 @@ class RangedRestore(FormatBase):
                             pos = job.offset + rd.region.start + off
                             start = pos // align * align
                             delta = pos - start
-                            view = memoryview(ring.buffers[i])[:round_up(delta + want, align)]  # type: ignore[arg-type]
                             t0 = now()
-                            got = handle.readinto(start, view)
+                            lent = handle.borrow(pos, want)
+                            if lent is not None:  # verified in the store's buffer
+                                got, delta = want, 0
+                            else:
+                                view = memoryview(ring.buffers[i])[:round_up(delta + want, align)]  # type: ignore[arg-type]
+                                got = handle.readinto(start, view)
                             t1 = now()
                             res.op("read", job.index, min(max(got - delta, 0), want), t0, t1,
                                    rank=job.reader)
@@ -182,9 +196,13 @@ class RangedRestore(FormatBase):
                                     f"{job.key}: short read at offset {start + got}: chunk "
                                     f"{rd.region.key} needs bytes up to {pos + want} (the file "
                                     "is truncated)")
-                            ring.put((j, k, i, delta, want))
+                            ring.put((j, k, i, delta, want, lent))
                             self.progress(want)
                             off += want
+                            if ahead is None and j + 1 < len(jobs) and handle.requested_all:
+                                ahead = self._open_planned(jobs[j + 1], res)
+                            if ahead is not None:
+                                ahead.prefetch()
                 finally:
                     t0 = now()
                     handle.close()
@@ -193,6 +211,8 @@ class RangedRestore(FormatBase):
             res.error = exc
             ring.stop()
         finally:
+            if ahead is not None:
+                ahead.close()
             ring.put(None)
 
     def _drain(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
@@ -201,6 +221,8 @@ class RangedRestore(FormatBase):
         the read path's own ceiling; the run records them as unverified)."""
         del jobs, expected, res
         while (item := ring.take()) is not None:
+            if item[5] is not None:
+                item[5][1]()
             ring.give_back(item[2])
 
     def _verify_ranges(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
@@ -211,11 +233,16 @@ class RangedRestore(FormatBase):
                 item = ring.take()
                 if item is None:
                     break
-                j, k, i, delta, n = item
+                j, k, i, delta, n, lent = item
                 h = hashers.get((j, k))
                 if h is None:
                     h = hashers[(j, k)] = xxhash.xxh3_64()
-                h.update(ring.buffers[i][delta:delta + n].data)
+                if lent is None:
+                    h.update(ring.buffers[i][delta:delta + n].data)
+                else:
+                    view, give_back = lent
+                    h.update(view)
+                    give_back()
                 ring.give_back(i)
             for j, job in enumerate(jobs):
                 if res.error is not None:

@@ -292,6 +292,7 @@ class RawFormat(RangedRestore, FormatBase):
         rings = [BufferRing(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
         for r in rings:
             r.touch()
+        self.backend.warm_reads()
         self.group.barrier()
         manifest, span = self.read_manifest(manifest_key, jobs)
         expected = manifest["files"]

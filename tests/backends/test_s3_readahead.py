@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import pytest
 
 from ckptbench.backends.s3.boto_readahead import boto_readahead
-from ckptbench.backends.s3.readahead import Chunk, ReadAhead, plan_gets
+from ckptbench.backends.s3.readahead import SMALL_PER_LARGE, Chunk, ReadAhead, plan_gets
 from ckptbench.testing import MinioServer
 
 from .conformance import MIB, write_object
@@ -110,12 +110,15 @@ def test_planned_gets_merge_what_follows_on_and_cut_it_in_ranges() -> None:
 
 
 def test_planned_scattered_reads_are_in_flight_together() -> None:
-    """A restore plan's scattered small reads: exactly their bytes, `depth` GETs ahead."""
+    """A restore plan's scattered small reads: exactly their bytes, SMALL_PER_LARGE x
+    `depth` GETs ahead (a small GET waits on latency, not bandwidth)."""
     obj = Recorded(os.urandom(4 * MIB))
     offsets = list(range(1000, 4 * MIB, 97 * KIB))
-    h = ReadAhead(obj.fetch, MIB, depth=4, plan=[(o, 4) for o in offsets])
+    h = ReadAhead(obj.fetch, MIB, depth=2, plan=[(o, 4) for o in offsets])
     assert read(h, offsets[0], 4) == obj.data[offsets[0]:offsets[0] + 4]
-    assert obj.gets == [(o, 4) for o in offsets[:4]]  # four in flight before the first read
+    ahead = SMALL_PER_LARGE * 2
+    # in flight before the first read, and the next one in the place it freed
+    assert obj.gets == [(o, 4) for o in offsets[:ahead + 1]]
     assert [read(h, o, 4) for o in offsets[1:]] == [obj.data[o:o + 4] for o in offsets[1:]]
     assert obj.gets == [(o, 4) for o in offsets]
 
@@ -135,6 +138,78 @@ def test_planned_reads_of_a_truncated_object_are_short() -> None:
     h = ReadAhead(obj.fetch, MIB, depth=2, plan=[(0, MIB), (MIB, MIB)])
     assert read(h, 0, MIB) == obj.data[:MIB]
     assert read(h, MIB, MIB) == obj.data[MIB:]
+
+
+def test_a_threads_handles_share_its_large_gets_in_flight() -> None:
+    """The next file's GETs start only in the lane's free places once this file's are all
+    requested: never more than `depth` large GETs in flight for one reader thread."""
+    chunk = 2 * MIB
+    a, b = Recorded(os.urandom(8 * MIB)), Recorded(os.urandom(4 * MIB))
+    ha = ReadAhead(a.fetch, chunk, depth=2, plan=[(0, 8 * MIB)])
+    hb = ReadAhead(b.fetch, chunk, depth=2, plan=[(0, 4 * MIB)])
+    assert read(ha, 0, chunk) == a.data[:chunk]
+    assert a.gets == [(0, chunk), (chunk, chunk), (2 * chunk, chunk)]  # the freed place refilled
+    hb.prefetch()
+    assert b.gets == [] and not ha.requested_all  # the lane is full of this file's GETs
+    assert read(ha, chunk, chunk) == a.data[chunk:2 * chunk]
+    assert ha.requested_all
+    hb.prefetch()
+    assert b.gets == []  # this file's last GETs hold both places
+    assert read(ha, 2 * chunk, chunk) == a.data[2 * chunk:3 * chunk]
+    hb.prefetch()
+    assert b.gets == [(0, chunk)]  # one place was free
+    assert read(ha, 3 * chunk, chunk) == a.data[3 * chunk:]
+    ha.close()
+    assert read(hb, 0, 4 * MIB) == b.data and b.gets == [(0, chunk), (chunk, chunk)]
+
+
+def test_a_borrowed_view_is_the_gets_bytes_and_holds_its_buffer() -> None:
+    released: list[int] = []
+
+    def fetch(offset: int, length: int) -> Future[Chunk]:
+        piece = bytearray(data[offset:offset + length])
+        out: Future[Chunk] = Future()
+        out.set_result(Chunk(piece, len(piece), len(data), lambda: released.append(offset)))
+        return out
+
+    data = os.urandom(3 * MIB)
+    h = ReadAhead(fetch, MIB, depth=2, plan=[(0, 100), (100, MIB - 100), (MIB, 10)])
+    first, second = h.borrow(0, 100), h.borrow(100, MIB - 100)
+    assert first is not None and second is not None
+    assert bytes(first[0]) == data[:100] and bytes(second[0]) == data[100:MIB]
+    first[1]()
+    assert released == []  # the GET is read to its end, but one view is still lent
+    second[1]()
+    assert released == [0]
+    assert h.borrow(MIB - 5, 10) is None  # in no one GET: the caller reads it (readinto)
+    third = h.borrow(MIB, 10)
+    assert third is not None and bytes(third[0]) == data[MIB:MIB + 10]
+    h.close()
+    third[1]()
+    assert released == [0, MIB]
+
+
+@pytest.mark.s3
+def test_botocore_staging_buffers_are_made_before_the_clock(s3env: MinioServer) -> None:
+    """warm_reads() makes (and zeroes: touches) a staging buffer per GET in flight and one
+    more, so a restore's first GETs do not wait on page faults; reads keep that many."""
+    b = s3(f"s3://{s3env.bucket}/warm/{uuid.uuid4().hex[:8]}", s3env.endpoint, concurrency=None)
+    b.prepare()
+    ahead = boto_readahead(b)
+    b.warm_reads()
+    made = list(ahead.spare)
+    assert len(made) == ahead.keep == b.concurrency + 1
+    data = os.urandom(3 * ahead.chunk // 2)
+    write_object(b, "ck/x", data, block=8 * MIB)
+    h = b.open_read_planned("ck/x", [(0, len(data))])
+    try:
+        buf = bytearray(len(data))
+        assert h.readinto(0, memoryview(buf)) == len(data) and buf == data
+    finally:
+        h.close()
+    assert len(ahead.spare) == ahead.keep and all(any(x is y for y in made) for x in ahead.spare)
+    b.remove_tree("ck")
+    b.release()
 
 
 @pytest.mark.s3

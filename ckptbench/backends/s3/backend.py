@@ -174,6 +174,12 @@ class S3Backend(Backend):
             return transport_for(self).open_read(key, spans)
         return boto_readahead(self).open_read(key, spans)
 
+    def warm_reads(self) -> None:
+        """The botocore read-ahead's staging buffers, made and touched now (crt and
+        obstore allocate per GET, in native code)."""
+        if self.options.transport == "botocore":
+            boto_readahead(self).warm()
+
     def put_atomic(self, key: str, data: bytes) -> None:
         # One PUT: readers see the whole object or none of it.
         with self.calls(f"put {key}"):

@@ -9,7 +9,11 @@ the reader and copies each read out of them (one copy, which overlaps the transf
 * **Planned** (``plan``: the (offset, length) of every read to come, in order, as a restore
   plan knows them and as DCP hands its storage reader all of a file's reads at once): the
   GETs are the planned spans, those that follow on merged and cut into ``chunk``-byte
-  GETs; scattered small reads are as many small GETs, ``depth`` of them in flight.
+  GETs; scattered small reads are as many small GETs. The planned handles one thread
+  opens share a :class:`Lane`: ``depth`` GETs in flight, and up to ``SMALL_PER_LARGE``
+  times as many small ones (a GET of a few bytes waits on latency, not bandwidth). Once a
+  file's GETs are all issued, the reader starts the next file's (:meth:`ReadAhead.prefetch`)
+  in the lane's free places, so a rank's bandwidth does not drain at each file's end.
 * **Unplanned**: sequential reads stream ``chunk``-byte GETs to the object's end (the
   first GET learns the object's size, so no request goes past it). A read that is not
   where the last one ended starts afresh there with one GET of just what it asks, and
@@ -19,6 +23,8 @@ the reader and copies each read out of them (one copy, which overlaps the transf
 from __future__ import annotations
 
 import collections
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -26,16 +32,31 @@ from typing import Any
 
 from ckptbench.backends.base import ReadHandle
 
+_HOLDERS = threading.Lock()
+
 
 @dataclass
 class Chunk:
     """What one ranged GET brought: `data` (its first `n` bytes are the object's bytes
-    from the GET's start), the object's size, and how to give the memory back."""
+    from the GET's start), the object's size, and how to give the memory back: `release`,
+    called once the handle is done with it and every view lent from it is given back."""
 
     data: Any  # a buffer (bytearray, memoryview, obstore.Bytes)
     n: int
     total: int
     release: Callable[[], None] = lambda: None
+    holders: int = 1  # the handle, and each view lent out (ReadAhead.borrow)
+
+    def hold(self) -> None:
+        with _HOLDERS:
+            self.holders += 1
+
+    def drop(self) -> None:
+        with _HOLDERS:
+            self.holders -= 1
+            last = self.holders == 0
+        if last:
+            self.release()
 
 
 Fetch = Callable[[int, int], "Future[Chunk]"]  # (offset, length) -> the GET in flight
@@ -58,6 +79,36 @@ def plan_gets(spans: Sequence[Span], chunk: int) -> list[Span]:
     return [(s, min(chunk, end - s)) for start, end in runs for s in range(start, end, chunk)]
 
 
+SMALL_GET = 1 << 20  # a planned GET of at most this many bytes is small, ...
+SMALL_PER_LARGE = 4  # ... and a lane keeps this many small ones in flight per large one
+
+
+class Lane:
+    """The planned GETs in flight of one reader thread's open handles, whichever file they
+    read: at most `depth` large ones and `SMALL_PER_LARGE * depth` small ones. Used by the
+    thread that opened the handles only (no lock); a handle dropped unclosed leaves it."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.handles: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
+
+    def room(self, n: int) -> bool:
+        small = n <= SMALL_GET
+        busy = sum(h.in_flight[small] for h in self.handles)
+        return busy < (SMALL_PER_LARGE * self.depth if small else self.depth)
+
+
+_lanes = threading.local()
+
+
+def thread_lane(depth: int) -> Lane:
+    """The calling thread's lane (a new one where its depth differs)."""
+    lane: Lane | None = getattr(_lanes, "lane", None)
+    if lane is None or lane.depth != depth:
+        lane = _lanes.lane = Lane(depth)
+    return lane
+
+
 class ReadAhead(ReadHandle):
     """`direct`: a handle that reads straight into the caller's buffer, used (unplanned,
     where given) for a read of at least `direct_min` bytes (default: a range) that no GET
@@ -73,6 +124,10 @@ class ReadAhead(ReadHandle):
         self.depth = max(1, depth)
         self.queue: collections.deque[tuple[int, int, Future[Chunk]]] = collections.deque()
         self.plan = collections.deque(plan_gets(plan, chunk)) if plan is not None else None
+        self.lane = thread_lane(self.depth) if plan is not None else None
+        self.in_flight = [0, 0]  # planned GETs in the queue: [large, small]
+        if self.lane is not None:
+            self.lane.handles.add(self)
         self.pos = -1  # where the next sequential read starts
         self.next_fetch = 0
         self.total: int | None = None  # the object's size, once a GET said it
@@ -113,28 +168,70 @@ class ReadAhead(ReadHandle):
                 view[got:got + n] = memoryview(chunk.data)[i:i + n]
                 got += n
             if n <= 0 or i + n >= chunk.n:
-                self.queue.popleft()
-                chunk.release()
+                self._pop()
+                chunk.drop()
                 if (self.plan is None and chunk.n < length
                         and start + chunk.n < (self.total or 0)):
                     self._restart(start + chunk.n)  # a short GET mid-object: go on from there
                 if n <= 0 and self.plan is not None:
                     break  # the object ends inside this GET
+        if self.plan is not None:
+            self._fill(end)  # the places this read freed: its file's next GETs first
         self.pos = offset + got
         return got
+
+    def borrow(self, offset: int, n: int) -> tuple[memoryview, Callable[[], None]] | None:
+        """Planned: the `n` bytes at `offset` as a view of the GET that holds them, and the
+        call that gives it back (no copy); None where no one GET of the plan holds them
+        all (the caller reads them with readinto)."""
+        if self.plan is None or n <= 0:
+            return None
+        self._skip_to(offset)
+        self._fill(offset + n)
+        if not self.queue or self.queue[0][0] > offset:
+            return None
+        start, _, fut = self.queue[0]
+        chunk = fut.result()  # a BackendError of the GET is raised here
+        self.total = chunk.total if self.total is None else self.total
+        i = offset - start
+        if i + n > chunk.n:
+            return None
+        chunk.hold()
+        if i + n == chunk.n:
+            self._pop()
+            chunk.drop()
+            self._fill(offset + n)
+        self.pos = offset + n
+        return memoryview(chunk.data)[i:i + n], chunk.drop
 
     def _one_off(self, at: int, view: memoryview) -> int:
         chunk = self.fetch(at, len(view)).result()
         n = min(chunk.n, len(view))
         view[:n] = memoryview(chunk.data)[:n]
-        chunk.release()
+        chunk.drop()
         return n
+
+    @property
+    def requested_all(self) -> bool:
+        """Planned: every GET of the plan is issued (the next file's may start)."""
+        return self.plan is not None and not self.plan
+
+    def prefetch(self) -> None:
+        """Planned: issue the plan's next GETs, as the lane has room."""
+        if self.plan is not None:
+            self._fill(0)
+
+    def _pop(self) -> tuple[int, int, Future[Chunk]]:
+        item = self.queue.popleft()
+        if self.lane is not None:
+            self.in_flight[item[1] <= SMALL_GET] -= 1
+        return item
 
     def _skip_to(self, at: int) -> None:
         """Planned: drop the GETs (in flight or to come) that end before `at`."""
         assert self.plan is not None
         while self.queue and self.queue[0][0] + self.queue[0][1] <= at:
-            _, _, fut = self.queue.popleft()
+            _, _, fut = self._pop()
             fut.add_done_callback(_release_when_done)
         while not self.queue and self.plan and self.plan[0][0] + self.plan[0][1] <= at:
             self.plan.popleft()
@@ -149,8 +246,10 @@ class ReadAhead(ReadHandle):
         to the object's end while reads follow on; after a jump, only up to `end`, the end
         of what this read asks for."""
         if self.plan is not None:
-            while len(self.queue) < self.depth and self.plan:
+            assert self.lane is not None
+            while self.plan and self.lane.room(self.plan[0][1]):
                 off, n = self.plan.popleft()
+                self.in_flight[n <= SMALL_GET] += 1
                 self.queue.append((off, n, self.fetch(off, n)))
             return
         limit = 1 if self.total is None else self.depth
@@ -165,7 +264,7 @@ class ReadAhead(ReadHandle):
 
     def _drop(self) -> None:
         while self.queue:
-            _, _, fut = self.queue.popleft()
+            _, _, fut = self._pop()
             fut.add_done_callback(_release_when_done)
 
     def close(self) -> None:
@@ -176,4 +275,4 @@ class ReadAhead(ReadHandle):
 
 def _release_when_done(fut: Future[Chunk]) -> None:
     if not fut.cancelled() and fut.exception() is None:
-        fut.result().release()
+        fut.result().drop()
