@@ -61,12 +61,8 @@ class ReadHandle(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    @property
-    def requested_all(self) -> bool:
-        """A planned handle that reads ahead: every planned read is requested, so the
-        reader may open its next file and :meth:`prefetch` it. Default False: a handle
-        that does not read ahead gains nothing from an early open."""
-        return False
+    reads_ahead = False  # a planned handle that fetches ahead: the reader opens its next
+    # file early and calls prefetch() (a handle that does not gains nothing from that)
 
     def borrow(self, offset: int, n: int) -> tuple[memoryview, Callable[[], None]] | None:
         """The `n` bytes at `offset` as a view of memory the handle already holds (a
@@ -77,7 +73,8 @@ class ReadHandle(ABC):
         return None
 
     def prefetch(self) -> None:
-        """Start this planned handle's reads before its first readinto. Default: none."""
+        """Start this planned handle's reads before its first readinto, as far as the
+        reader's other handles leave room (their own next reads first). Default: none."""
         return None
 
 
@@ -162,6 +159,12 @@ class Backend(ABC):
         concurrently; a read outside them is served all the same. Default: open_read."""
         del spans
         return self.open_read(key)
+
+    def buffer_bytes(self) -> int:
+        """The most memory one process's transfers hold besides the runner's buffers (a
+        store's upload parts and read-ahead), counted in the run's memory bound before it
+        starts. Default: none."""
+        return 0
 
     def warm_reads(self) -> None:
         """Allocate and touch, in this process, the memory its reads will land in (a

@@ -161,14 +161,17 @@ class RangedRestore(FormatBase):
         return handle
 
     def _read_ranges(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
-        """Read the jobs' chunks in order into `ring`. Where a file's handle has requested
-        all its reads (a store reading ahead), the next file is opened and prefetched."""
+        """Read the jobs' chunks in order into `ring`. Where a file's handle reads ahead
+        (a store), the next file is opened with it and prefetched after every read: its
+        GETs start as the current file's leave room."""
         align = self.align
         ahead: ReadHandle | None = None
         try:
             for j, job in enumerate(jobs):
                 handle = ahead or self._open_planned(job, res)
                 ahead = None
+                if handle.reads_ahead and j + 1 < len(jobs):
+                    ahead = self._open_planned(jobs[j + 1], res)
                 try:
                     for k, rd in enumerate(job.reads or []):
                         n = rd.region.end - rd.region.start
@@ -199,8 +202,6 @@ class RangedRestore(FormatBase):
                             ring.put((j, k, i, delta, want, lent))
                             self.progress(want)
                             off += want
-                            if ahead is None and j + 1 < len(jobs) and handle.requested_all:
-                                ahead = self._open_planned(jobs[j + 1], res)
                             if ahead is not None:
                                 ahead.prefetch()
                 finally:

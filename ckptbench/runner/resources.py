@@ -76,7 +76,8 @@ def host_needs(req: RunRequest, topo: Topology) -> dict[str, tuple[int, int, int
     needs: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for group, host in zip(topo.groups, topo.hosts, strict=True):
         need = needs[host]
-        need[0] += fmt.memory_bytes(req.plan, group, opts, req.backend.alignment)
+        need[0] += (fmt.memory_bytes(req.plan, group, opts, req.backend.alignment)
+                    + req.backend.buffer_bytes())
         need[1] += max(1, req.options.threads) * len(group)
         need[2] += len(group)
     return {h: (n[0], n[1], n[2]) for h, n in needs.items()}
@@ -124,7 +125,10 @@ def resource_error(req: RunRequest, topo: Topology, available: int | None = None
             f"state and --staging-memory {format_size(staging)} (at most the state) besides "
             f"{format_size(memory)} of I/O buffers ({buffers}); {have}; allowed: a smaller "
             "--staging-memory, a larger --scale or fewer ranks per host, or smaller buffers")
+    transfers = req.backend.buffer_bytes()
+    backend = (f", {format_size(transfers)} per process of them the {req.backend.name} backend's "
+               "transfer buffers" if transfers else "")
     return SpecError(
         f"{buffers}, {ranks} ranks on one host, need about {format_size(memory)} of buffers "
-        f"(--format {o.format}); {have}; allowed: fewer --threads, a smaller --block-size or "
-        "--prefill, or fewer ranks per host")
+        f"(--format {o.format}{backend}); {have}; allowed: fewer --threads, a smaller "
+        "--block-size or --prefill, or fewer ranks per host")

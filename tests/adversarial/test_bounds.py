@@ -88,6 +88,25 @@ def test_memory_is_counted_per_host(tmp_path: Path) -> None:
     assert resource_error(req, _topology([[0, 1], [2, 3]], ["a", "b"]), available=need) is None
 
 
+def test_an_s3_backends_transfer_buffers_are_counted(tmp_path: Path) -> None:
+    """The S3 backend's upload parts and read-ahead ranges are part of the memory bound:
+    each process on a host adds them, and a refusal says how much they are."""
+    from ckptbench.backends.s3 import S3Backend, S3Options
+    from ckptbench.runner.resources import host_needs, resource_error
+
+    local = _request(tmp_path)
+    backend = S3Backend("s3://bucket/t", S3Options(concurrency=8))
+    req = RunRequest(workload=local.workload, plan=local.plan, ranks=local.ranks,
+                     backend=backend, options=local.options)
+    topo = _topology([[0, 1], [2, 3]], ["a", "a"])
+    extra = backend.buffer_bytes()
+    assert extra >= 9 * 2 * (64 << 20)  # a part and a range per request in flight, and one more
+    assert host_needs(req, topo)["a"][0] == host_needs(local, topo)["a"][0] + 2 * extra
+    refused = resource_error(req, topo, available=host_needs(local, topo)["a"][0] * 2)
+    assert refused is not None and "of them the s3 backend's transfer buffers" in str(refused)
+    assert "\n" not in str(refused)
+
+
 def test_threads_on_one_host_are_capped(tmp_path: Path) -> None:
     from ckptbench.runner.resources import resource_error
 

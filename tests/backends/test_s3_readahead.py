@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
 
 from ckptbench.backends.s3.boto_readahead import boto_readahead
-from ckptbench.backends.s3.readahead import SMALL_PER_LARGE, Chunk, ReadAhead, plan_gets
+from ckptbench.backends.s3.readahead import (
+    SMALL_PER_LARGE,
+    SMALL_QUEUED,
+    Chunk,
+    ReadAhead,
+    plan_gets,
+)
 from ckptbench.testing import MinioServer
 
 from .conformance import MIB, write_object
@@ -22,18 +29,40 @@ from .test_s3_transports import TRANSPORTS
 KIB = 1 << 10
 
 
-class Recorded:
-    """An object in memory served the way a ranged GET serves it; every GET recorded."""
+class Arriving(Future[Chunk]):
+    """A GET still in flight until the reader waits for it (its bytes arrive then)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, make: Callable[[], Chunk]) -> None:
+        super().__init__()
+        self.make = make
+
+    def result(self, timeout: float | None = None) -> Chunk:
+        if not self.done():
+            self.set_result(self.make())
+        return super().result(timeout)
+
+
+class Recorded:
+    """An object in memory served the way a ranged GET serves it; every GET recorded.
+    `in_flight`: each GET stays in flight until the reader waits for it (else it is done
+    at once)."""
+
+    def __init__(self, data: bytes, in_flight: bool = False) -> None:
         self.data = data
+        self.in_flight = in_flight
         self.gets: list[tuple[int, int]] = []
 
     def fetch(self, offset: int, length: int) -> Future[Chunk]:
         self.gets.append((offset, length))
-        piece = bytearray(self.data[offset:offset + length])
+
+        def make() -> Chunk:
+            piece = bytearray(self.data[offset:offset + length])
+            return Chunk(piece, len(piece), len(self.data))
+
+        if self.in_flight:
+            return Arriving(make)
         out: Future[Chunk] = Future()
-        out.set_result(Chunk(piece, len(piece), len(self.data)))
+        out.set_result(make())
         return out
 
 
@@ -112,7 +141,7 @@ def test_planned_gets_merge_what_follows_on_and_cut_it_in_ranges() -> None:
 def test_planned_scattered_reads_are_in_flight_together() -> None:
     """A restore plan's scattered small reads: exactly their bytes, SMALL_PER_LARGE x
     `depth` GETs ahead (a small GET waits on latency, not bandwidth)."""
-    obj = Recorded(os.urandom(4 * MIB))
+    obj = Recorded(os.urandom(4 * MIB), in_flight=True)
     offsets = list(range(1000, 4 * MIB, 97 * KIB))
     h = ReadAhead(obj.fetch, MIB, depth=2, plan=[(o, 4) for o in offsets])
     assert read(h, offsets[0], 4) == obj.data[offsets[0]:offsets[0] + 4]
@@ -161,6 +190,35 @@ def test_a_threads_handles_share_its_large_gets_in_flight() -> None:
     assert read(ha, 3 * chunk, chunk) == a.data[3 * chunk:]
     ha.close()
     assert read(hb, 0, 4 * MIB) == b.data and b.gets == [(0, chunk), (chunk, chunk)]
+
+
+def test_the_next_files_small_gets_start_at_once_in_half_the_small_places() -> None:
+    """A rank's few scalars in another file (4-byte chunks) are fetched while its own
+    file's large GETs run, taking at most half the small places: the current file's own
+    small reads keep the other half."""
+    chunk = 2 * MIB
+    a, b = Recorded(os.urandom(8 * MIB)), Recorded(os.urandom(4 * MIB), in_flight=True)
+    ha = ReadAhead(a.fetch, chunk, depth=2, plan=[(0, 8 * MIB), (8 * MIB - 4, 4)])
+    offsets = list(range(100, 4 * MIB, 97 * KIB))
+    hb = ReadAhead(b.fetch, chunk, depth=2, plan=[(o, 4) for o in offsets])
+    assert read(ha, 0, chunk) == a.data[:chunk]
+    hb.prefetch()
+    half = SMALL_PER_LARGE * 2 // 2
+    assert b.gets == [(o, 4) for o in offsets[:half]]
+    assert [read(hb, o, 4) for o in offsets] == [b.data[o:o + 4] for o in offsets]
+    assert read(ha, chunk, 6 * MIB) == a.data[chunk:]
+
+
+def test_small_gets_done_wait_for_the_reader_without_holding_a_place() -> None:
+    """Small GETs that have arrived hold no place: a file ahead gets all its scalars
+    fetched while the reader is still elsewhere, up to SMALL_QUEUED of them."""
+    b = Recorded(os.urandom(4 * MIB))  # every GET arrives at once
+    offsets = list(range(100, 4 * MIB, 13 * KIB))
+    assert len(offsets) > SMALL_QUEUED
+    hb = ReadAhead(b.fetch, MIB, depth=2, plan=[(o, 4) for o in offsets])
+    hb.prefetch()
+    assert b.gets == [(o, 4) for o in offsets[:SMALL_QUEUED]]
+    assert [read(hb, o, 4) for o in offsets] == [b.data[o:o + 4] for o in offsets]
 
 
 def test_a_borrowed_view_is_the_gets_bytes_and_holds_its_buffer() -> None:

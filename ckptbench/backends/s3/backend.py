@@ -37,7 +37,7 @@ from ckptbench.backends.s3.errors import (
     translate,
 )
 from ckptbench.backends.s3.options import S3Options, parse_target
-from ckptbench.backends.s3.sizing import Sizing, ranks_per_host
+from ckptbench.backends.s3.sizing import PART_RANGE, Sizing, ranks_per_host
 from ckptbench.backends.s3.transport import transfer_details, transport_for
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
@@ -173,6 +173,10 @@ class S3Backend(Backend):
         if self.options.transport != "botocore":
             return transport_for(self).open_read(key, spans)
         return boto_readahead(self).open_read(key, spans)
+
+    def buffer_bytes(self) -> int:
+        ranges = PART_RANGE[1] if self.options.transport == "botocore" else PART_RANGE[0]
+        return self.sizing.buffer_bytes(ranges)
 
     def warm_reads(self) -> None:
         """The botocore read-ahead's staging buffers, made and touched now (crt and

@@ -11,9 +11,12 @@ the reader and copies each read out of them (one copy, which overlaps the transf
   GETs are the planned spans, those that follow on merged and cut into ``chunk``-byte
   GETs; scattered small reads are as many small GETs. The planned handles one thread
   opens share a :class:`Lane`: ``depth`` GETs in flight, and up to ``SMALL_PER_LARGE``
-  times as many small ones (a GET of a few bytes waits on latency, not bandwidth). Once a
-  file's GETs are all issued, the reader starts the next file's (:meth:`ReadAhead.prefetch`)
-  in the lane's free places, so a rank's bandwidth does not drain at each file's end.
+  times as many small ones running (a GET of a few bytes waits on latency, not
+  bandwidth; once done it waits for the reader without holding a place). A
+  handle issues its own next GETs first; the reader's next file (:meth:`ReadAhead.prefetch`)
+  gets the places a file leaves once its GETs are all issued
+  in the lane's free places, so a rank's bandwidth does not drain at each file's end;
+  its small GETs, which need no large place, start at once.
 * **Unplanned**: sequential reads stream ``chunk``-byte GETs to the object's end (the
   first GET learns the object's size, so no request goes past it). A read that is not
   where the last one ended starts afresh there with one GET of just what it asks, and
@@ -79,23 +82,33 @@ def plan_gets(spans: Sequence[Span], chunk: int) -> list[Span]:
     return [(s, min(chunk, end - s)) for start, end in runs for s in range(start, end, chunk)]
 
 
-SMALL_GET = 1 << 20  # a planned GET of at most this many bytes is small, ...
-SMALL_PER_LARGE = 4  # ... and a lane keeps this many small ones in flight per large one
+SMALL_GET = 1 << 20  # a planned GET of at most this many bytes is small: ...
+SMALL_PER_LARGE = 4  # ... a lane runs this many per large one, ...
+SMALL_QUEUED = 256  # ... and holds at most this many, done or not, ...
+SMALL_HELD = 16 << 20  # ... and this many bytes of them (what their buffers take)
 
 
 class Lane:
-    """The planned GETs in flight of one reader thread's open handles, whichever file they
-    read: at most `depth` large ones and `SMALL_PER_LARGE * depth` small ones. Used by the
-    thread that opened the handles only (no lock); a handle dropped unclosed leaves it."""
+    """The planned GETs of one reader thread's open handles, whichever file they read: at
+    most `depth` large ones in flight; small ones (a few bytes wait on latency, not
+    bandwidth) `SMALL_PER_LARGE * depth` running, and once done they wait for the reader
+    without holding a place, up to SMALL_QUEUED and SMALL_HELD bytes. Used by the thread
+    that opened the handles only (no lock); a handle dropped unclosed leaves it."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.handles: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
 
-    def room(self, n: int) -> bool:
-        small = n <= SMALL_GET
-        busy = sum(h.in_flight[small] for h in self.handles)
-        return busy < (SMALL_PER_LARGE * self.depth if small else self.depth)
+    def room(self, n: int, ahead: bool = False) -> bool:
+        """Whether a GET of `n` bytes may start; `ahead` (a file the reader has not reached)
+        may run only half the small places, so the current file's small reads keep theirs."""
+        if n > SMALL_GET:
+            return sum(h.in_flight[0] for h in self.handles) < self.depth
+        held = [x for h in self.handles for x in h.queue if x[1] <= SMALL_GET]
+        if len(held) >= SMALL_QUEUED or sum(x[1] for x in held) + n > SMALL_HELD:
+            return False
+        running = sum(1 for x in held if not x[2].done())
+        return running < SMALL_PER_LARGE * self.depth // (2 if ahead else 1)
 
 
 _lanes = threading.local()
@@ -125,6 +138,7 @@ class ReadAhead(ReadHandle):
         self.queue: collections.deque[tuple[int, int, Future[Chunk]]] = collections.deque()
         self.plan = collections.deque(plan_gets(plan, chunk)) if plan is not None else None
         self.lane = thread_lane(self.depth) if plan is not None else None
+        self.reads_ahead = plan is not None
         self.in_flight = [0, 0]  # planned GETs in the queue: [large, small]
         if self.lane is not None:
             self.lane.handles.add(self)
@@ -217,9 +231,9 @@ class ReadAhead(ReadHandle):
         return self.plan is not None and not self.plan
 
     def prefetch(self) -> None:
-        """Planned: issue the plan's next GETs, as the lane has room."""
+        """Planned: issue the plan's next GETs, as the lane has room for a file ahead."""
         if self.plan is not None:
-            self._fill(0)
+            self._fill(0, ahead=True)
 
     def _pop(self) -> tuple[int, int, Future[Chunk]]:
         item = self.queue.popleft()
@@ -240,14 +254,14 @@ class ReadAhead(ReadHandle):
         self._drop()
         self.pos = self.next_fetch = offset
 
-    def _fill(self, end: int) -> None:
-        """GETs in flight: planned, the next ones of the plan, `depth` at a time.
-        Unplanned, one until the object's size is known, then up to `depth`: ranges ahead
+    def _fill(self, end: int, ahead: bool = False) -> None:
+        """GETs in flight: planned, the next ones of the plan as the reader thread's lane
+        has room (`ahead`: for a file the reader has not reached). Unplanned, one until the object's size is known, then up to `depth`: ranges ahead
         to the object's end while reads follow on; after a jump, only up to `end`, the end
         of what this read asks for."""
         if self.plan is not None:
             assert self.lane is not None
-            while self.plan and self.lane.room(self.plan[0][1]):
+            while self.plan and self.lane.room(self.plan[0][1], ahead):
                 off, n = self.plan.popleft()
                 self.in_flight[n <= SMALL_GET] += 1
                 self.queue.append((off, n, self.fetch(off, n)))

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from ckptbench.backends.s3.options import MAX_PART, MAX_PARTS, MIB, MIN_PART
+from ckptbench.backends.s3.readahead import SMALL_HELD
 
 HOST_IN_FLIGHT = 32  # requests in flight per host, shared by its ranks, ...
 CPU_IN_FLIGHT = 2  # ... and at most 2 per CPU: one rank on a 2-CPU box spent 10-25% more
@@ -73,6 +74,13 @@ class Sizing:
             part = min(high, max(low, _round_mib(-(-size // self.in_flight))))
         need = -(-size // MAX_PARTS)
         return min(MAX_PART, max(part, _round_mib(need)))
+
+    def buffer_bytes(self, read_range: int) -> int:
+        """The most memory one process's transfers hold, counted in the run's memory bound:
+        an upload part per part in flight and one more, a range per ranged GET in flight and
+        one more (`read_range` bytes), and a restore plan's small GETs (readahead.Lane)."""
+        in_flight = self.in_flight * self.threads
+        return (in_flight + 1) * (self.base_part + read_range) + self.threads * SMALL_HELD
 
     def describe(self) -> dict[str, object]:
         return {"part_size": self.part_size if self.part_size is not None else "auto",
