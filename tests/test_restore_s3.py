@@ -35,28 +35,6 @@ def test_tiny_restored_onto_fsdp2_and_hsdp_on_minio(minio_server: MinioServer,
     assert minio_server.list_keys(minio_server.bucket, prefix + "/") == []
 
 
-def test_restore_command_on_a_checkpoint_kept_in_a_bucket(minio_server: MinioServer,
-                                                          tmp_path: Path) -> None:
-    prefix = f"kept/{uuid.uuid4().hex[:8]}"
-    target = f"s3://{minio_server.bucket}/{prefix}"
-    r = ckptbench("run", str(TINY), "--target", target, "--endpoint-url", minio_server.endpoint,
-                  "--keep", "--no-restore", "--results", str(tmp_path / "save.jsonl"),
-                  env=minio_server.env(), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    run_id = load(tmp_path / "save.jsonl")[0]["run_id"]
-    results = tmp_path / "again.jsonl"
-    r = ckptbench("restore", f"{target}/{run_id}/checkpoint-1", "--endpoint-url",
-                  minio_server.endpoint, "--restore-layout", "world_size=2,tp=1",
-                  "--results", str(results), env=minio_server.env(), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    recs = load(results)
-    (phase,) = [x for x in recs if x["type"] == "phase"]
-    assert phase["phase"] == "restore" and phase["verified"]
-    assert measured_reads(recs) == planned_reads({"world_size": 2, "tp": 1})
-    keys = minio_server.list_keys(minio_server.bucket, prefix + "/")
-    assert any(k.endswith(f"{run_id}/checkpoint-1/.metadata") for k in keys)  # still kept
-
-
 def _kept_checkpoint(server: MinioServer, tmp_path: Path) -> tuple[str, str]:
     """A tiny checkpoint saved and kept in the bucket: (its target URL, its key prefix)."""
     prefix = f"kept/{uuid.uuid4().hex[:8]}"
@@ -69,11 +47,27 @@ def _kept_checkpoint(server: MinioServer, tmp_path: Path) -> tuple[str, str]:
     return f"{target}/{run_id}/checkpoint-1", f"{prefix}/{run_id}/checkpoint-1"
 
 
+def test_restore_command_on_a_checkpoint_kept_in_a_bucket(minio_server: MinioServer,
+                                                          tmp_path: Path) -> None:
+    url, prefix = _kept_checkpoint(minio_server, tmp_path)
+    results = tmp_path / "again.jsonl"
+    r = ckptbench("restore", url, "--endpoint-url",
+                  minio_server.endpoint, "--restore-layout", "world_size=2,tp=1",
+                  "--results", str(results), env=minio_server.env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    recs = load(results)
+    (phase,) = [x for x in recs if x["type"] == "phase"]
+    assert phase["phase"] == "restore" and phase["verified"]
+    assert measured_reads(recs) == planned_reads({"world_size": 2, "tp": 1})
+    keys = minio_server.list_keys(minio_server.bucket, prefix + "/")
+    assert f"{prefix}/.metadata" in keys  # still kept
+
+
 def test_each_reader_starts_its_next_files_gets_before_it_finishes_a_file(
         minio_server: MinioServer, tmp_path: Path) -> None:
-    """Read-ahead across files: once a file's GETs are all requested, the next file a
-    restore rank reads is opened and its GETs start (no bandwidth drained at each file's
-    end); every byte is still the plan's and verified."""
+    """Read-ahead across files: the next file a restore rank reads is opened before it
+    is done with the current one, so its GETs start as the current file's leave room (no
+    bandwidth drained at each file's end); every byte is still the plan's and verified."""
     url, _ = _kept_checkpoint(minio_server, tmp_path)
     results = tmp_path / "restore.jsonl"
     r = ckptbench("restore", url, "--endpoint-url", minio_server.endpoint, "--restore-layout",

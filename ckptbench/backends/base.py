@@ -116,10 +116,13 @@ class Backend(ABC):
         self.hints = hints or IOHints()
 
     # --- what a run needs ---
-    def check_run(self, shared_file: bool, restore: bool, processes: int) -> None:
+    def check_run(self, shared_file: bool, restore: bool, processes: int,
+                  own_storage: bool = False) -> None:
         """Refuse, in one line, a run this backend cannot serve: a shared (N-1) file,
         restores from a backend that keeps nothing, several processes on one that keeps
-        its bytes in one process."""
+        its bytes in one process. `own_storage`: the format moves its bytes through a
+        library's own storage layer (torch-dcp), not this backend's handles."""
+        del own_storage
         caps = self.capabilities
         if shared_file and not caps.shared_file:
             raise BackendError(

@@ -230,6 +230,9 @@ class FormatBase:
     # progress(n) is called as bytes move (each block or chunk): the runner can watch for
     # stalls; False when a format only learns of its bytes once a whole phase is done
     streams_progress: ClassVar[bool] = True
+    # the bytes move through a library's own storage layer (DCP's writer and reader), not
+    # the backend's handles: the backend serves the target's control requests only
+    own_storage: ClassVar[bool] = False
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:

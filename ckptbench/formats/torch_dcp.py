@@ -43,6 +43,7 @@ from ckptbench.formats.common import (
     chunk_tasks,
     manifest_name,
 )
+from ckptbench.formats.dcp_s3 import s3torch_storage
 from ckptbench.formats.verify import check_object, describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
@@ -147,6 +148,7 @@ class TorchDcpFormat(FormatBase):
 
     name: ClassVar[str] = "torch-dcp"
     streams_progress: ClassVar[bool] = False  # one op per phase: not watched for stalls
+    own_storage: ClassVar[bool] = True
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:
@@ -180,9 +182,16 @@ class TorchDcpFormat(FormatBase):
                 opts["client_kwargs"] = {"endpoint_url": endpoint}
         return url, opts
 
+    def _s3torchconnector(self) -> bool:
+        """DCP's S3 storage from s3torchconnector (--s3-transport s3torchconnector)."""
+        return getattr(self.backend.options, "transport", None) == "s3torchconnector"
+
     def _writer(self, ckpt: str) -> Any:
         import torch.distributed.checkpoint as dcp
 
+        if self._s3torchconnector():
+            return s3torch_storage(self.backend, self._url(ckpt)[0], writer=True,
+                                   threads=self.nthreads)
         path, opts = self._url(ckpt)
         if not opts and not path.count("://"):
             return dcp.FileSystemWriter(path, single_file_per_rank=True, sync_files=True,
@@ -193,6 +202,9 @@ class TorchDcpFormat(FormatBase):
     def _reader(self, ckpt: str) -> Any:
         import torch.distributed.checkpoint as dcp
 
+        if self._s3torchconnector():
+            return s3torch_storage(self.backend, self._url(ckpt)[0], writer=False,
+                                   threads=self.nthreads)
         path, opts = self._url(ckpt)
         if not opts and not path.count("://"):
             return dcp.FileSystemReader(path)

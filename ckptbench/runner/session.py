@@ -23,6 +23,7 @@ import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import CkptbenchError, RunFailed, describe_error
+from ckptbench.formats import format_class
 from ckptbench.plan import Plan
 from ckptbench.plan.export import restore_summary
 from ckptbench.plan.export import summary as plan_summary
@@ -100,10 +101,11 @@ class Launcher(ABC):
 
 
 def check_supported(plan: Plan, backend: Backend, restore: bool = False,
-                    processes: int = 1) -> None:
+                    processes: int = 1, format_name: str = "raw") -> None:
     """Refuse, in one line, a run the backend cannot serve (before anything is created)."""
     backend.check_run(shared_file=plan.workload.checkpoint.files == "shared",
-                      restore=restore, processes=processes)
+                      restore=restore, processes=processes,
+                      own_storage=format_class(format_name).own_storage)
 
 
 def striping_record(backend: Backend, plan: Plan, run_id: str) -> dict[str, Any]:
@@ -290,7 +292,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     check_options(req)
     notice: Notice = on_notice or (lambda line: None)
     topo = launcher.topology(req)
-    check_supported(req.plan, req.backend, req.options.restore, len(topo.groups))
+    check_supported(req.plan, req.backend, req.options.restore, len(topo.groups),
+                    req.options.format)
     launcher.agree(resource_error(req, topo), "checking the memory the run needs")
     shift = restore_shift(req, topo, launcher.kind)
     req = replace(req, options=replace(req.options, run_id=topo.run_id,

@@ -38,7 +38,12 @@ from ckptbench.backends.s3.errors import (
 )
 from ckptbench.backends.s3.options import S3Options, parse_target
 from ckptbench.backends.s3.sizing import PART_RANGE, Sizing, ranks_per_host
-from ckptbench.backends.s3.transport import transfer_details, transport_for
+from ckptbench.backends.s3.transport import (
+    DCP_STORAGE,
+    MODULES,
+    transfer_details,
+    transport_for,
+)
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
 
@@ -159,29 +164,37 @@ class S3Backend(Backend):
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:
-        if self.options.transport != "botocore":
+        if self.options.transport in MODULES:
             return transport_for(self).open_write(key, size)
         return S3Writer(self, key, size)
 
     def open_read(self, key: str) -> ReadHandle:
-        if self.options.transport != "botocore":
+        if self.options.transport in MODULES:
             return transport_for(self).open_read(key)
         return boto_readahead(self).open_read(key)
 
     def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
         """The planned spans' GETs kept in flight, `concurrency` at a time (readahead)."""
-        if self.options.transport != "botocore":
+        if self.options.transport in MODULES:
             return transport_for(self).open_read(key, spans)
         return boto_readahead(self).open_read(key, spans)
 
+    def check_run(self, shared_file: bool, restore: bool, processes: int,
+                  own_storage: bool = False) -> None:
+        super().check_run(shared_file, restore, processes, own_storage)
+        if self.options.transport == DCP_STORAGE and not own_storage:
+            raise BackendError(f"--s3-transport {DCP_STORAGE}: DCP's own S3 storage writer and "
+                               "reader, so only with --format torch-dcp; allowed: --format "
+                               "torch-dcp, or --s3-transport botocore, crt or obstore")
+
     def buffer_bytes(self) -> int:
-        ranges = PART_RANGE[1] if self.options.transport == "botocore" else PART_RANGE[0]
+        ranges = PART_RANGE[0] if self.options.transport in MODULES else PART_RANGE[1]
         return self.sizing.buffer_bytes(ranges)
 
     def warm_reads(self) -> None:
         """The botocore read-ahead's staging buffers, made and touched now (crt and
         obstore allocate per GET, in native code)."""
-        if self.options.transport == "botocore":
+        if self.options.transport not in MODULES:
             boto_readahead(self).warm()
 
     def put_atomic(self, key: str, data: bytes) -> None:

@@ -17,7 +17,7 @@ MAX_PARTS = 10_000  # and an upload has at most 10,000 parts.
 MIN_RANGE = 4 * MIB  # a read buffer is split into parallel ranged GETs of at least this size
 CHECKSUM_MODES = ("when_required", "when_supported")
 PAYLOAD_SIGNING = ("auto", "on", "off")
-TRANSPORTS = ("botocore", "crt", "obstore")
+TRANSPORTS = ("botocore", "crt", "obstore", "s3torchconnector")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,254}$")
 
 
@@ -34,7 +34,8 @@ class S3Options(BackendOptions):
         "(default: chosen from the ranks per host and threads).", minimum=1))
     transport: str = field(default="botocore", metadata=option(
         "--s3-transport", "S3 data path: botocore (Python threads), crt (AWS Common Runtime), "
-        "obstore (Rust object_store).", choices=TRANSPORTS))
+        "obstore (Rust object_store); s3torchconnector: with --format torch-dcp, DCP's "
+        "S3StorageWriter/Reader from s3torchconnector.", choices=TRANSPORTS))
     checksum: str = field(default="when_required", metadata=option(
         "--s3-checksum", "S3 request checksums (and response validation); when_supported: CRC32.",
         choices=CHECKSUM_MODES))

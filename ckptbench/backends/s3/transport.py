@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 MODULES = {"crt": ("ckptbench.backends.s3.crt", "awscrt"),
            "obstore": ("ckptbench.backends.s3.obstore_io", "obstore")}
+# DCP's S3StorageWriter/Reader (s3torchconnector): the torch-dcp format's data path, not
+# this backend's (whose own reads, the manifest's, stay on botocore); a run with another
+# format is refused (S3Backend.check_run)
+DCP_STORAGE = "s3torchconnector"
+PACKAGES = {"crt": "awscrt", "obstore": "obstore", DCP_STORAGE: "s3torchconnector"}
 
 
 class Transport(Protocol):
@@ -118,7 +123,7 @@ def transfer_details(backend: S3Backend) -> dict[str, Any]:
                 "retries_counted": True}
     out: dict[str, Any] = {"transport": name, "control": "botocore", "retries_counted": False}
     try:
-        out["version"] = importlib.import_module(MODULES[name][1]).__version__
+        out["version"] = importlib.import_module(PACKAGES[name]).__version__
     except (ImportError, AttributeError):
         out["version"] = None
     return out
