@@ -179,9 +179,9 @@ def test_a_threads_handles_share_its_large_gets_in_flight() -> None:
     assert read(ha, 0, chunk) == a.data[:chunk]
     assert a.gets == [(0, chunk), (chunk, chunk), (2 * chunk, chunk)]  # the freed place refilled
     hb.prefetch()
-    assert b.gets == [] and not ha.requested_all  # the lane is full of this file's GETs
+    assert b.gets == [] and ha.plan  # the lane is full of this file's GETs
     assert read(ha, chunk, chunk) == a.data[chunk:2 * chunk]
-    assert ha.requested_all
+    assert not ha.plan  # all of this file's GETs are requested
     hb.prefetch()
     assert b.gets == []  # this file's last GETs hold both places
     assert read(ha, 2 * chunk, chunk) == a.data[2 * chunk:3 * chunk]

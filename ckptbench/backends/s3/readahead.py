@@ -225,11 +225,6 @@ class ReadAhead(ReadHandle):
         chunk.drop()
         return n
 
-    @property
-    def requested_all(self) -> bool:
-        """Planned: every GET of the plan is issued (the next file's may start)."""
-        return self.plan is not None and not self.plan
-
     def prefetch(self) -> None:
         """Planned: issue the plan's next GETs, as the lane has room for a file ahead."""
         if self.plan is not None:
