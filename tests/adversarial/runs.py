@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,15 @@ def one_line(r: subprocess.CompletedProcess[str], rc: int, *needles: str) -> str
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def refused_before_start(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    """`ckptbench run` of the tiny workload with `args` ends in one line holding `needles`
+    (exit 2), quickly, and creates neither the target nor the results file."""
+    results = tmp_path / "r.jsonl"
+    start = time.monotonic()
+    r = ckptbench("run", str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
+                  *args, cwd=tmp_path, timeout=120)
+    one_line(r, 2, *needles)
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "t").exists() and not results.exists()  # nothing was created

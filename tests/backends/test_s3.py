@@ -152,17 +152,6 @@ def test_when_supported_stores_crc32(s3env: MinioServer) -> None:
     b.release()
 
 
-def test_abort_aborts_the_multipart_upload(s3env: MinioServer) -> None:
-    b = s3(f"s3://{s3env.bucket}/ab/{uuid.uuid4().hex[:8]}", s3env.endpoint)
-    b.prepare()
-    h = b.open_write("ck/x", 20 * MIB)
-    h.write(memoryview(os.urandom(11 * MIB)))
-    h.abort()
-    ups = s3env.client().list_multipart_uploads(Bucket=b.bucket, Prefix=b._key("ck/"))
-    assert not ups.get("Uploads")
-    b.release()
-
-
 def test_remove_tree_aborts_leftover_uploads(s3env: MinioServer) -> None:
     b = s3(f"s3://{s3env.bucket}/left/{uuid.uuid4().hex[:8]}", s3env.endpoint)
     b.prepare()

@@ -134,7 +134,7 @@ def test_retries_exhausted_is_one_line_and_leaves_no_upload(s3env: MinioServer,
         b.release()
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", ["botocore", *TRANSPORTS])
 def test_abort_aborts_the_multipart_upload(s3env: MinioServer, transport: str) -> None:
     b = s3(f"s3://{s3env.bucket}/ab/{uuid.uuid4().hex[:8]}", s3env.endpoint, transport=transport)
     b.prepare()

@@ -161,15 +161,5 @@ class ObstoreWriter(WriteHandle):
         """Drop the writer and abort what it left unfinished (obstore has no abort)."""
         self.done = True
         del self.file
-        b = self.t.b
-        key = b._key(self.name)
         with contextlib.suppress(Exception):  # best effort; remove_tree retries it
-            client = b._client("quick")
-            ups = client.list_multipart_uploads(Bucket=b.bucket, Prefix=key)
-            for up in ups.get("Uploads", []):
-                if up["Key"] == key:
-                    client.abort_multipart_upload(Bucket=b.bucket, Key=key,
-                                                  UploadId=up["UploadId"])
-
-
-
+            self.t.b.abort_uploads([self.name])
