@@ -125,7 +125,31 @@ def test_wrong_credentials(minio_server: MinioServer, tmp_path: Path, which: str
 def test_missing_bucket(minio_server: MinioServer, tmp_path: Path) -> None:
     r = ckptbench("run", str(TINY), "--target", "s3://no-such-bucket-here/x",
                   "--endpoint-url", minio_server.endpoint, env=minio_server.env(), cwd=tmp_path)
-    assert_one_line_error(r, minio_server, "bucket 'no-such-bucket-here' does not exist")
+    assert_one_line_error(r, minio_server, "bucket 'no-such-bucket-here' does not exist",
+                          "--create-bucket", "aws s3 mb s3://no-such-bucket-here")
+    client = minio_server.client()
+    assert "no-such-bucket-here" not in [b["Name"] for b in client.list_buckets()["Buckets"]]
+
+
+def test_create_bucket_makes_a_missing_bucket_and_keeps_it(minio_server: MinioServer,
+                                                          tmp_path: Path) -> None:
+    """The README's S3 quick start: a fresh MinIO and one run with --create-bucket."""
+    bucket = f"made-{uuid.uuid4().hex[:8]}"
+    results = tmp_path / "r.jsonl"
+    r = ckptbench("run", str(TINY), "--target", f"s3://{bucket}/first",
+                  "--endpoint-url", minio_server.endpoint, "--create-bucket",
+                  "--results", str(results), env=minio_server.env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert_no_secrets(minio_server, r.stdout, r.stderr, results.read_text())
+    run = load(results)[0]
+    assert run["environment"]["target"]["options"]["create_bucket"] is True
+    assert minio_server.list_keys(bucket) == []  # the run's objects are gone ...
+    # ... and the bucket stays: a second run (no flag) and a second --create-bucket run use it.
+    for extra in ([], ["--create-bucket"]):
+        r = ckptbench("run", str(TINY), "--target", f"s3://{bucket}/again",
+                      "--endpoint-url", minio_server.endpoint, *extra,
+                      env=minio_server.env(), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
 
 
 def test_unreachable_endpoint(minio_server: MinioServer, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ class OptionSpec:
     choices: tuple[str, ...] = ()
     minimum: int | None = None
     size: bool = False  # a byte count: '8MiB', '4M', '1048576' (ckptbench.units)
+    switch: bool = False  # an on/off flag that takes no value (default off)
 
     def parse(self, value: Any) -> Any:
         """A value as typed (a string for sizes) -> the field's value."""
@@ -47,6 +48,10 @@ class OptionSpec:
     def check(self, value: Any) -> None:
         if value is None and not self.choices:
             return  # None: the backend chooses (e.g. S3's part size per object)
+        if self.switch:
+            if not isinstance(value, bool):
+                raise BackendError(f"{self.flag} {value!r}: allowed: true or false")
+            return
         if self.choices and value not in self.choices:
             raise BackendError(f"{self.flag} {value!r} is not allowed; allowed: "
                                f"{', '.join(self.choices)}")
@@ -63,9 +68,9 @@ class OptionSpec:
 
 
 def option(flag: str, help: str, *, choices: tuple[str, ...] = (), minimum: int | None = None,
-           size: bool = False) -> dict[str, OptionSpec]:
+           size: bool = False, switch: bool = False) -> dict[str, OptionSpec]:
     """Field metadata for an option settable from the command line."""
-    return {_OPTION: OptionSpec(flag, help, choices, minimum, size)}
+    return {_OPTION: OptionSpec(flag, help, choices, minimum, size, switch)}
 
 
 def option_spec(f: Any) -> OptionSpec | None:

@@ -49,6 +49,9 @@ class BackendFlag:
         names = ", ".join(name for name, _, _ in self.takers)
         which = "backends" if len(self.takers) > 1 else "backend"
         shown = f"; default: {defaults[0]}" if len(defaults) == 1 else ""
+        if all(s.switch for s in specs):
+            return click.option(self.flag, self.param, is_flag=True, default=False,
+                                help=f"{text} [{which}: {names}]")
         return click.option(self.flag, self.param, type=kind, default=None,
                             help=f"{text} [{which}: {names}{shown}]")
 

@@ -28,13 +28,16 @@ def target_for(scheme: str, tmp_path: Path) -> str:
     return str(tmp_path / "t") if scheme == "file" else TARGETS[scheme]
 
 
-def example(spec: OptionSpec) -> str:
-    """A value click accepts for the flag (the backend's check comes after)."""
+def example(spec: OptionSpec) -> list[str]:
+    """A value click accepts for the flag (the backend's check comes after); none for a
+    switch."""
+    if spec.switch:
+        return []
     if spec.choices:
-        return spec.choices[0]
+        return [spec.choices[0]]
     if spec.size:
-        return "8MiB"
-    return str(spec.minimum) if spec.minimum is not None else "http://127.0.0.1:1"
+        return ["8MiB"]
+    return [str(spec.minimum) if spec.minimum is not None else "http://127.0.0.1:1"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -63,7 +66,7 @@ def test_a_flag_for_another_backend_is_one_line(scheme: str, flag: str, spec: Op
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     cls = registered()[scheme]
     target = target_for(scheme, tmp_path)
-    rc, out, err = run_cli(capsys, "--target", target, flag, example(spec),
+    rc, out, err = run_cli(capsys, "--target", target, flag, *example(spec),
                            "--results", str(tmp_path / "r.jsonl"))
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()

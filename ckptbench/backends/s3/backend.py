@@ -114,6 +114,8 @@ class S3Backend(Backend):
         return self._key(TARGET_MARKER)
 
     def prepare(self) -> None:
+        if self.options.create_bucket:
+            self._make_bucket()
         base = f"{self.prefix}/" if self.prefix else ""
         with self.calls("check the target"):  # quick: an unreachable endpoint fails in seconds
             listing = self._client("quick").list_objects_v2(Bucket=self.bucket, Prefix=base,
@@ -129,6 +131,26 @@ class S3Backend(Backend):
         with self.calls("mark the target"):
             client.put_object(Bucket=self.bucket, Key=self.marker_key, Body=marker_bytes())
         self.created_marker = True
+
+    def _make_bucket(self) -> None:
+        """--create-bucket: the bucket, made when missing and kept (a bucket is the user's
+        to keep or delete; a run's own objects and marker are removed as always)."""
+        from botocore.exceptions import ClientError
+
+        with self.calls("check the bucket"):
+            try:
+                self._client("quick").head_bucket(Bucket=self.bucket)
+                return
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket",
+                                                                     "NotFound"):
+                    raise
+        client = self._client("main")
+        region = self.clients.resolved.region if self.clients.resolved else "us-east-1"
+        where = {} if region == "us-east-1" else {
+            "CreateBucketConfiguration": {"LocationConstraint": region}}
+        with self.calls("make the bucket"):
+            client.create_bucket(Bucket=self.bucket, **where)
 
     def release(self) -> None:
         if not self.created_marker:

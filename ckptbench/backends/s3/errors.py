@@ -58,7 +58,9 @@ def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
                                 f"list, read, write and delete under the prefix, from {CHAIN}")
         if code in ("NoSuchBucket",) or (code == "404" and action.startswith("check")):
             return BackendError(f"{where}: bucket {bucket!r} does not exist at {endpoint}; "
-                                "allowed: an existing bucket (ckptbench never creates buckets)")
+                                "allowed: an existing bucket: add --create-bucket to make it "
+                                f"(kept afterwards), or `aws s3 mb s3://{bucket}` / "
+                                f"`mc mb ALIAS/{bucket}`")
         if code in THROTTLE or status == 429:
             return BackendError(f"{where}: the endpoint kept throttling ({code or status}) on "
                                 "every attempt; allowed: fewer ranks/threads or a larger "

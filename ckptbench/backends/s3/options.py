@@ -45,6 +45,9 @@ class S3Options(BackendOptions):
     max_attempts: int = field(default=3, metadata=option(  # botocore standard: 1 try + 2 retries
         "--s3-max-attempts", "S3 attempts per request (botocore standard retry mode).",
         minimum=1))
+    create_bucket: bool = field(default=False, metadata=option(
+        "--create-bucket", "Make the target's bucket when it does not exist (it is kept "
+        "afterwards; without this flag a missing bucket is an error).", switch=True))
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
 
