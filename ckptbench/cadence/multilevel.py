@@ -1,0 +1,286 @@
+"""Multi-level checkpointing: the efficiency of a schedule, exactly, and its optimum.
+
+The model is LLNL SCR's (Moody, Bronevetsky, Mohror, de Supinski, SC'10): levels
+1..L with a save cost ``c_k`` and a restore cost ``r_k`` (cheap node memory first, the
+storage last), and failures of severity 1..L at rates ``lambda_i``, all exponential. A
+failure of severity ``i`` needs the latest checkpoint of a level ``>= i``; failures strike
+during compute, saves and restores alike; a restore from level ``k`` that is hit by a
+failure of severity below ``k`` starts again, one of severity ``k`` or ``k + 1`` falls
+back to level ``k + 1`` and a worse one to its own level (at the top level every failure
+restarts the top-level restore).
+
+A schedule is ``t``, the compute seconds between two checkpoints, and counts ``v_k``:
+how many level-``k`` checkpoints are taken before the next checkpoint of level ``k + 1``.
+So one period between top-level checkpoints holds ``prod(v_k + 1)`` compute segments.
+Efficiency is that useful compute over the period's expected wall time. With one level it
+is Daly's exponential model exactly (``formulas.efficiency``).
+
+The arithmetic composes *phases*: a stretch of work that ends either in success (with a
+probability and an expected duration) or in a failure of each severity (probability and
+expected time until it). Segments compose in sequence and in repetition, and a stretch
+protected by a level-``k`` checkpoint absorbs failures of severity ``<= k`` by restoring
+and retrying. Pure floats; a schedule costs microseconds, so the optimum is a search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+from ckptbench.cadence.formulas import non_negative, positive
+from ckptbench.errors import SpecError
+
+MAX_LEVELS = 6
+MAX_COUNT = 10_000  # level-k checkpoints per level-(k+1) checkpoint
+
+
+class Hopeless(ArithmeticError):
+    """A schedule whose expected time is infinite in floating point (efficiency 0)."""
+
+
+@dataclass(frozen=True)
+class Level:
+    """One checkpoint level: what a save blocks and what a restore from it takes (s)."""
+
+    name: str
+    save_s: float
+    restore_s: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Compute seconds between checkpoints, and level-k saves per level-(k+1) save."""
+
+    compute_s: float
+    counts: tuple[int, ...]  # v_1 .. v_{L-1}
+
+    @property
+    def segments(self) -> int:
+        """Compute segments in one period between two top-level checkpoints."""
+        return math.prod(v + 1 for v in self.counts)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """How a stretch of work ends: success (``p_ok``, mean seconds ``t_ok``) or a failure
+    of severity i (``p_fail[i]``, mean seconds until it ``t_fail[i]``); index 0 unused."""
+
+    p_ok: float
+    t_ok: float
+    p_fail: tuple[float, ...]
+    t_fail: tuple[float, ...]
+
+
+def _exposed(duration: float, rates: tuple[float, ...]) -> Phase:
+    """A stretch of ``duration`` seconds exposed to every failure severity."""
+    total = sum(rates)
+    if total == 0.0:
+        zeros = (0.0,) * len(rates)
+        return Phase(1.0, duration, zeros, zeros)
+    a = total * duration
+    hit = -math.expm1(-a)  # 1 - e^-a, exact for small a
+    # mean time to a failure, given one strikes within the stretch
+    until = duration / 2.0 if a < 1e-6 else (hit - a * math.exp(-a)) / (total * hit)
+    p_fail = tuple(r / total * hit for r in rates)
+    return Phase(math.exp(-a), duration, p_fail, tuple(until for _ in rates))
+
+
+def _then(a: Phase, b: Phase) -> Phase:
+    """``a`` and, if it succeeds, ``b``."""
+    p_fail, t_fail = [], []
+    for pa, ta, pb, tb in zip(a.p_fail, a.t_fail, b.p_fail, b.t_fail, strict=True):
+        p = pa + a.p_ok * pb
+        p_fail.append(p)
+        t_fail.append((pa * ta + a.p_ok * pb * (a.t_ok + tb)) / p if p > 0 else 0.0)
+    return Phase(a.p_ok * b.p_ok, a.t_ok + b.t_ok, tuple(p_fail), tuple(t_fail))
+
+
+def _repeat(a: Phase, n: int) -> Phase:
+    """``a`` n times in a row, closed form (geometric sums over the attempt that fails)."""
+    if n == 0:
+        zeros = (0.0,) * len(a.p_fail)
+        return Phase(1.0, 0.0, zeros, zeros)
+    q = a.p_ok
+    reach = n if q == 1.0 else (1.0 - q**n) / (1.0 - q)  # sum_{j<n} q^j
+    # sum_{j<n} j q^j: how many whole copies precede the one that fails, weighted
+    before = n * (n - 1) / 2.0 if q == 1.0 else (
+        (q - n * q**n + (n - 1) * q ** (n + 1)) / (1.0 - q) ** 2)
+    p_fail, t_fail = [], []
+    for p, t in zip(a.p_fail, a.t_fail, strict=True):
+        total = reach * p
+        p_fail.append(total)
+        t_fail.append((total * t + before * p * a.t_ok) / total if total > 0 else 0.0)
+    return Phase(q**n, n * a.t_ok, tuple(p_fail), tuple(t_fail))
+
+
+def _weighted(p: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
+    total = sum(p)
+    return total, (sum(pi * ti for pi, ti in zip(p, t, strict=True)) / total if total > 0
+                   else 0.0)
+
+
+def _protect(work: Phase, k: int, restore: Phase, top: int) -> Phase:
+    """``work`` guarded by a level-k checkpoint at its start: a failure of severity <= k
+    restores from level k (retrying the restore after lesser failures) and redoes the
+    work; a restore hit by severity k (below the top) or k + 1 falls back to level k + 1."""
+    levels = len(work.p_fail) - 1
+    p_retry, t_retry = _weighted(restore.p_fail[1:(k if k == top else k - 1) + 1],
+                                 restore.t_fail[1:(k if k == top else k - 1) + 1])
+    if p_retry >= 1.0:
+        raise Hopeless(f"level {k}'s restore never finishes: failures strike faster")
+    again = p_retry / (1.0 - p_retry)  # expected restarts of a restore that succeeds
+    p_restored = restore.p_ok / (1.0 - p_retry)
+    t_restored = restore.t_ok + again * t_retry
+    # a restore that falls back: to level k + 1 (severity k or k + 1), or to its own level
+    esc_p = [0.0] * (levels + 1)
+    esc_t = [0.0] * (levels + 1)
+    for i in range(k + 1, levels + 1):
+        own = restore.p_fail[i] + (restore.p_fail[k] if i == k + 1 else 0.0)
+        if own > 0:
+            mean = restore.p_fail[i] * restore.t_fail[i]
+            if i == k + 1:
+                mean += restore.p_fail[k] * restore.t_fail[k]
+            esc_p[i] = own / (1.0 - p_retry)
+            esc_t[i] = mean / own + again * t_retry
+    p_down, t_down = _weighted(work.p_fail[1:k + 1], work.t_fail[1:k + 1])
+    loop = p_down * p_restored  # one more try of the work
+    if loop >= 1.0:
+        raise Hopeless(f"the work guarded by level {k} never finishes: failures strike faster")
+    detour = loop / (1.0 - loop) * (t_down + t_restored)
+    p_fail, t_fail = [0.0] * (levels + 1), [0.0] * (levels + 1)
+    for i in range(k + 1, levels + 1):
+        p = work.p_fail[i] + p_down * esc_p[i]
+        if p > 0:
+            p_fail[i] = p / (1.0 - loop)
+            t_fail[i] = (work.p_fail[i] * work.t_fail[i]
+                         + p_down * esc_p[i] * (t_down + esc_t[i])) / p + detour
+    return Phase(work.p_ok / (1.0 - loop), work.t_ok + detour, tuple(p_fail), tuple(t_fail))
+
+
+def _check(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) -> None:
+    if not 1 <= len(levels) <= MAX_LEVELS:
+        raise SpecError(f"levels: {len(levels)} given; allowed: 1 to {MAX_LEVELS}")
+    if len(rates) != len(levels):
+        raise SpecError(f"failure rates: {len(rates)} given for {len(levels)} levels; allowed: "
+                        "one rate per level (the failures that level is the first to survive)")
+    for level in levels:
+        non_negative(f"level {level.name} save_s", level.save_s)
+        non_negative(f"level {level.name} restore_s", level.restore_s)
+    for i, rate in enumerate(rates, 1):
+        non_negative(f"failure rate of severity {i}", rate)
+    positive("compute_s", schedule.compute_s)
+    if len(schedule.counts) != len(levels) - 1:
+        raise SpecError(f"counts: {len(schedule.counts)} given; allowed: one per level below "
+                        f"the top ({len(levels) - 1})")
+    for k, v in enumerate(schedule.counts, 1):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+            raise SpecError(f"count of level {k} = {v!r}; allowed: an integer 0 to {MAX_COUNT}")
+
+
+def period_seconds(levels: Sequence[Level], rates: Sequence[float],
+                   schedule: Schedule) -> float:
+    """Expected wall seconds of one period between top-level checkpoints."""
+    _check(levels, rates, schedule)
+    top = len(levels)
+    padded = (0.0, *map(float, rates))
+    t = schedule.compute_s
+    v = (0, *schedule.counts, 1)
+    restores = [_exposed(lv.restore_s, padded) for lv in levels]
+
+    @cache
+    def unprotected(k: int, c: int) -> Phase:
+        """From the latest level-k checkpoint to a level-c one, failures not yet absorbed."""
+        if k == 1:
+            return _exposed(t + levels[c - 1].save_s, padded)
+        if v[k - 1] == 0:
+            return unprotected(k - 1, c)
+        rest = _then(_repeat(protected(k - 1, k - 1), v[k - 1] - 1), protected(k - 1, c))
+        return _then(unprotected(k - 1, k - 1), rest)
+
+    @cache
+    def protected(k: int, c: int) -> Phase:
+        return _protect(unprotected(k, c), k, restores[k - 1], top)
+
+    return protected(top, top).t_ok
+
+
+def efficiency(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) -> float:
+    """Useful compute over expected wall time, in [0, 1]."""
+    try:
+        period = period_seconds(levels, rates, schedule)
+    except Hopeless:
+        return 0.0
+    return schedule.segments * schedule.compute_s / period if period > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Optimum:
+    schedule: Schedule
+    efficiency: float
+
+
+def _best_compute(levels: Sequence[Level], rates: Sequence[float],
+                  counts: tuple[int, ...], lo: float, hi: float) -> Optimum:
+    """Golden-section search of log(t) for one set of counts (efficiency is unimodal in t)."""
+    def score(log_t: float) -> float:
+        try:
+            return efficiency(levels, rates, Schedule(math.exp(log_t), counts))
+        except (Hopeless, OverflowError, ZeroDivisionError):
+            return 0.0
+
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    x1, x2 = b - g * (b - a), a + g * (b - a)
+    f1, f2 = score(x1), score(x2)
+    for _ in range(80):
+        if f1 < f2:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + g * (b - a)
+            f2 = score(x2)
+        else:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - g * (b - a)
+            f1 = score(x1)
+        if b - a < 1e-9:
+            break
+    log_t = (a + b) / 2.0
+    return Optimum(Schedule(math.exp(log_t), counts), score(log_t))
+
+
+def optimum(levels: Sequence[Level], rates: Sequence[float],
+            max_count: int = 200) -> Optimum:
+    """The schedule of highest efficiency: t by golden section for each set of counts,
+    counts by a coarse grid and then integer steps of one from the best of it."""
+    _check(levels, rates, Schedule(1.0, (0,) * (len(levels) - 1)))
+    total = sum(rates)
+    if total == 0:
+        raise SpecError("failure rates are all 0: without failures no checkpoint pays off")
+    lo = 1e-3 * max(1.0, min((lv.save_s for lv in levels), default=1.0))
+    hi = 100.0 / total
+    memo: dict[tuple[int, ...], Optimum] = {}
+
+    def at(counts: tuple[int, ...]) -> Optimum:
+        if counts not in memo:
+            memo[counts] = _best_compute(levels, rates, counts, lo, hi)
+        return memo[counts]
+
+    coarse = sorted({0, 1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, max_count} - {
+        c for c in range(max_count + 1, 10**6)})
+    grid: list[tuple[int, ...]] = [()]
+    for _ in levels[:-1]:
+        grid = [(*g, c) for g in grid for c in coarse]
+    best = max((at(g) for g in grid), key=lambda o: o.efficiency)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(len(levels) - 1):
+            for step in (-1, 1):
+                counts = list(best.schedule.counts)
+                counts[k] += step
+                if 0 <= counts[k] <= max_count:
+                    candidate = at(tuple(counts))
+                    if candidate.efficiency > best.efficiency + 1e-15:
+                        best, improved = candidate, True
+    return best
