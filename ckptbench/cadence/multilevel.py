@@ -284,3 +284,36 @@ def optimum(levels: Sequence[Level], rates: Sequence[float],
                     if candidate.efficiency > best.efficiency + 1e-15:
                         best, improved = candidate, True
     return best
+
+
+@dataclass(frozen=True)
+class LevelsAnswer:
+    """The multi-level answer: per-level failure rates, the best schedule, the storage-only
+    optimum for comparison, and the schedule the user named (if any)."""
+
+    levels: tuple[Level, ...]
+    rates: tuple[float, ...]
+    best: Optimum
+    last_level_only: Optimum
+    named: Optimum | None
+
+    def to_dict(self) -> dict[str, object]:
+        def point(o: Optimum | None) -> dict[str, object] | None:
+            return None if o is None else {"compute_s": o.schedule.compute_s,
+                                           "counts": list(o.schedule.counts),
+                                           "efficiency": o.efficiency}
+        return {"levels": [{"name": lv.name, "save_s": lv.save_s, "restore_s": lv.restore_s,
+                            "failure_rate_per_s": r}
+                           for lv, r in zip(self.levels, self.rates, strict=True)],
+                "optimum": point(self.best), "last_level_only": point(self.last_level_only),
+                "schedule": point(self.named)}
+
+
+def answer(levels: Sequence[Level], rates: Sequence[float],
+           named: Schedule | None = None) -> LevelsAnswer:
+    """The optimum schedule, the last level alone (every failure restored from it), and the
+    efficiency of the schedule given."""
+    best = optimum(levels, rates)
+    alone = optimum(levels[-1:], [sum(rates)])
+    mine = None if named is None else Optimum(named, efficiency(levels, rates, named))
+    return LevelsAnswer(tuple(levels), tuple(rates), best, alone, mine)

@@ -22,6 +22,7 @@ def cli() -> None:
     ckptbench report RESULTS            summarize a results file
     ckptbench sweep WORKLOAD --target D the same run at 1, 2, 4, 8 ranks per node
     ckptbench cadence ...               optimal checkpoint interval against MTBF
+    ckptbench levels ...                multi-level cadence: memory, peers, storage
     ckptbench mlperf WORKLOAD --target D MLPerf Storage v2.0's way next to ckptbench's
     ckptbench backends                  storage backends, their capabilities and options
     """
@@ -32,6 +33,7 @@ def _register() -> None:
     from ckptbench.cli import (
         backend_options,
         cadence_cmd,
+        levels_cmd,
         mlperf_cmd,
         plan_cmd,
         restore_cmd,
@@ -39,7 +41,7 @@ def _register() -> None:
         sweep_cmd,
     )
 
-    for module in (plan_cmd, run_cmd, restore_cmd, sweep_cmd, cadence_cmd, mlperf_cmd,
+    for module in (plan_cmd, run_cmd, restore_cmd, sweep_cmd, cadence_cmd, levels_cmd, mlperf_cmd,
                    backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)

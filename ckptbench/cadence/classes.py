@@ -1,0 +1,131 @@
+"""Failure classes with a reach, and which checkpoint level each one needs.
+
+A failure does not only interrupt the job: it takes copies with it. A software fault
+kills processes and leaves node memory intact (a copy in host memory survives); a GPU
+or host fault takes the node and its memory (a copy on a peer node survives); a switch,
+rack or power fault takes a group of nodes (only a copy outside the group, or storage,
+survives); a storage or whole-job fault leaves only what the storage holds. Each class
+has a rate and one of these scopes; each checkpoint level names the widest scope it
+survives, and a failure needs the cheapest level that survives it (its *severity* in
+the multi-level model, ``cadence.multilevel``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ckptbench.cadence.formulas import SECONDS_PER_HOUR, non_negative
+from ckptbench.errors import SpecError
+
+SCOPES = ("process", "node", "group", "job")
+UNITS = ("gpu", "host", "job")
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """Failures of one kind: a rate per unit-hour (per GPU, per host, or for the job)."""
+
+    name: str
+    scope: str
+    rate_per_hour: float
+    unit: str = "gpu"
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise SpecError(f"failure class {self.name}: scope {self.scope!r} is not known; "
+                            f"allowed: {', '.join(SCOPES)}")
+        if self.unit not in UNITS:
+            raise SpecError(f"failure class {self.name}: unit {self.unit!r} is not known; "
+                            f"allowed: {', '.join(UNITS)}")
+        non_negative(f"failure class {self.name} rate", self.rate_per_hour)
+
+    def per_second(self, gpus: int, gpus_per_host: int) -> float:
+        units = {"gpu": gpus, "host": math.ceil(gpus / gpus_per_host), "job": 1}[self.unit]
+        return self.rate_per_hour * units / SECONDS_PER_HOUR
+
+
+# Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, table 5): 419 unexpected
+# interruptions in 54 days on 16,384 H100 (2,048 hosts). The scope of each cause is an
+# assumption: a GPU, memory, NIC or host fault takes its node (the node is drained or
+# replaced, its memory copy with it); software faults and NCCL watchdog timeouts end
+# processes only; a switch or cable takes the nodes behind it; "dependency" failures
+# (storage and other services the job needs) are charged to the whole job.
+LLAMA3_HOURS = 54 * 24 * 16_384
+LLAMA3_CAUSES: tuple[tuple[str, int, str], ...] = (
+    ("faulty GPU", 148, "node"), ("GPU HBM3 memory", 72, "node"),
+    ("software bug", 54, "process"), ("network switch/cable", 35, "group"),
+    ("host maintenance", 32, "node"), ("GPU SRAM memory", 19, "node"),
+    ("GPU system processor", 17, "node"), ("NIC", 7, "node"), ("NCCL watchdog", 7, "process"),
+    ("silent data corruption", 6, "node"), ("GPU thermal interface", 6, "node"),
+    ("SSD", 3, "node"), ("power supply", 3, "node"), ("server chassis", 2, "node"),
+    ("IO expansion board", 2, "node"), ("dependency", 2, "job"), ("CPU", 2, "node"),
+    ("system memory", 2, "node"),
+)
+CLASS_PRESETS: dict[str, tuple[str, tuple[FailureClass, ...]]] = {
+    "llama3": (
+        "Llama 3 Herd of Models (Meta, 2024): 419 unexpected interruptions in 54 days on "
+        "16,384 H100, per cause; each cause's scope assumed (docs/cadence.md)",
+        tuple(FailureClass(name, scope, count / LLAMA3_HOURS)
+              for name, count, scope in LLAMA3_CAUSES)),
+}
+
+
+def parse_class(text: str) -> FailureClass:
+    """``NAME:SCOPE:RATE[:UNIT]``, RATE per unit-hour (default unit: gpu)."""
+    usage = (f"--failure-class {text!r}: allowed: NAME:SCOPE:RATE[:UNIT], scope "
+             f"{'|'.join(SCOPES)}, rate per unit-hour, unit {'|'.join(UNITS)} (default gpu)")
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not parts[0].strip():
+        raise SpecError(usage)
+    try:
+        rate = float(parts[2])
+    except ValueError:
+        raise SpecError(usage) from None
+    if not math.isfinite(rate):
+        raise SpecError(usage)
+    return FailureClass(parts[0].strip(), parts[1].strip(), rate,
+                        parts[3].strip() if len(parts) == 4 else "gpu")
+
+
+def classes_from(preset: str | None, given: Sequence[FailureClass]) -> tuple[FailureClass, ...]:
+    """A preset's classes and/or the classes given; at least one."""
+    if preset is not None and preset not in CLASS_PRESETS:
+        raise SpecError(f"--failure-classes {preset!r} is not known; allowed: "
+                        f"{', '.join(CLASS_PRESETS)}")
+    out = (*(CLASS_PRESETS[preset][1] if preset else ()), *given)
+    if not out:
+        raise SpecError("failure classes are required: --failure-classes PRESET or "
+                        "--failure-class NAME:SCOPE:RATE[:UNIT]")
+    return out
+
+
+def severity_rates(level_scopes: Sequence[str], classes: Sequence[FailureClass], gpus: int,
+                   gpus_per_host: int) -> list[float]:
+    """Failure rate (1/s) for each level: the classes that level is the cheapest to survive.
+
+    Levels go from cheapest to most durable, each surviving a wider scope than the one
+    before; the last must survive every class given.
+    """
+    if gpus < 1 or gpus_per_host < 1:
+        raise SpecError(f"--gpus {gpus} and --gpus-per-node {gpus_per_host}: allowed: 1 or more")
+    reach = []
+    for i, scope in enumerate(level_scopes):
+        if scope not in SCOPES:
+            raise SpecError(f"level {i + 1}: scope {scope!r} is not known; allowed: "
+                            f"{', '.join(SCOPES)}")
+        reach.append(SCOPES.index(scope))
+    if any(b <= a for a, b in itertools.pairwise(reach)):
+        raise SpecError("levels: each level must survive a wider scope than the one before "
+                        f"(given: {', '.join(level_scopes)}); allowed order: {', '.join(SCOPES)}")
+    rates = [0.0] * len(reach)
+    for c in classes:
+        need = SCOPES.index(c.scope)
+        level = next((i for i, r in enumerate(reach) if r >= need), None)
+        if level is None:
+            raise SpecError(f"failure class {c.name} (scope {c.scope}) is survived by no level; "
+                            f"allowed: a last level of scope {c.scope} or wider (e.g. storage: job)")
+        rates[level] += c.per_second(gpus, gpus_per_host)
+    return rates

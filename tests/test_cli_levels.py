@@ -1,0 +1,110 @@
+"""`ckptbench levels` as a user runs it: a real subprocess, JSON and text, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptbench.cadence import classes as fc
+from ckptbench.cadence import formulas
+from ckptbench.cadence import multilevel as ml
+from ckptbench.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+THREE = ["--level", "memory:3s:30s:process", "--level", "peer:5s:90s:node",
+         "--level", "storage:60s:15min:job"]
+
+
+def levels(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptbench", "levels", *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """main() in this process (the subprocess tests above cover the entry point)."""
+    rc = main(["levels", *args])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "", (rc, out)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_the_llama3_classes_are_the_419_interruptions_of_54_days() -> None:
+    _, preset = fc.CLASS_PRESETS["llama3"]
+    rates = fc.severity_rates(["job"], preset, 16_384, 8)
+    assert rates[0] * 54 * 86_400 == pytest.approx(419)
+    by_level = fc.severity_rates(["process", "node", "job"], preset, 16_384, 8)
+    process, node, rest = (r * 54 * 86_400 for r in by_level)
+    assert process == pytest.approx(61) and rest == pytest.approx(37)
+    assert process + node + rest == pytest.approx(419)
+
+
+def test_json_gives_the_optimum_the_named_schedule_and_storage_alone() -> None:
+    r = levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--schedule", "5min:3,5",
+               "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    lv = [ml.Level(x["name"], x["save_s"], x["restore_s"]) for x in out["levels"]]
+    rates = [x["failure_rate_per_s"] for x in out["levels"]]
+    named = out["schedule"]
+    assert named["compute_s"] == 300 and named["counts"] == [3, 5]
+    assert named["efficiency"] == pytest.approx(ml.efficiency(lv, rates, ml.Schedule(300, (3, 5))))
+    best = out["optimum"]
+    assert best["efficiency"] >= named["efficiency"]
+    assert best["efficiency"] == pytest.approx(
+        ml.efficiency(lv, rates, ml.Schedule(best["compute_s"], tuple(best["counts"]))))
+    alone = out["last_level_only"]
+    mtbf = 1.0 / sum(rates)
+    assert alone["efficiency"] == pytest.approx(
+        formulas.efficiency(formulas.optimal_interval(60, mtbf), 60, 900, mtbf), rel=1e-9)
+    assert best["efficiency"] > alone["efficiency"]
+
+
+def test_text_names_each_level_and_the_schedule() -> None:
+    r = levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["memory", "peer", "storage"]
+    assert "then 1 peer" in lines[3] and "then 1 storage" in lines[3] and "efficiency" in lines[3]
+    assert lines[4].startswith("storage alone")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--level", "memory:3s:process"], "--level 'memory:3s:process': allowed: NAME:SAVE"),
+    (["--level", "memory:3s:30s:rack"], "scope 'rack' is not known"),
+    (["--level", "a:3s:30s:node", "--level", "b:5s:60s:process"], "wider scope"),
+    (["--level", "memory:3s:30s:process", "--level", "peer:5s:90s:node"],
+     "network switch/cable (scope group) is survived by no level"),
+    ([*THREE, "--schedule", "5min:3"], "1 counts given; allowed: one per level below the top (2)"),
+    ([*THREE, "--schedule", "5min:a,b"], "allowed: DUR[:V1,V2,...]"),
+    (["--level", "storage:-1s:30s:job"], "--level storage SAVE"),
+])
+def test_bad_input_is_one_line(args: list[str], needle: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert needle in one_line_error(capsys, *args, "--failure-classes", "llama3", "--gpus",
+                                    "16384")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--failure-classes", "nope"], "--failure-classes 'nope' is not known; allowed: llama3"),
+    ([], "failure classes are required"),
+    (["--failure-class", "gpu:node:x"], "allowed: NAME:SCOPE:RATE[:UNIT]"),
+    (["--failure-class", "gpu:node:1e-5:rack"], "unit 'rack' is not known"),
+    (["--failure-class", "gpu:node:-1"], "rate = -1.0 must be >= 0"),
+])
+def test_bad_classes_are_one_line(args: list[str], needle: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert needle in one_line_error(capsys, *THREE, *args, "--gpus", "16384")
+
+
+def test_user_classes_add_to_a_preset() -> None:
+    base = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "1024",
+                             "--json").stdout)
+    more = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "1024", "--json",
+                             "--failure-class", "rack:group:0.01:job").stdout)
+    added = more["levels"][2]["failure_rate_per_s"] - base["levels"][2]["failure_rate_per_s"]
+    assert added == pytest.approx(0.01 / 3600)
