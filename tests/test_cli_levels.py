@@ -24,9 +24,9 @@ def levels(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
-def one_line_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """main() in this process (the subprocess tests above cover the entry point)."""
-    rc = main(["levels", *args])
+def one_line_error(capsys: pytest.CaptureFixture[str], command: str, *args: str) -> str:
+    """main() in this process (the subprocess tests cover the entry point)."""
+    rc = main([command, *args])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "", (rc, out)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -85,8 +85,8 @@ def test_text_names_each_level_and_the_schedule() -> None:
 ])
 def test_bad_input_is_one_line(args: list[str], needle: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert needle in one_line_error(capsys, *args, "--failure-classes", "llama3", "--gpus",
-                                    "16384")
+    assert needle in one_line_error(capsys, "levels", *args, "--failure-classes", "llama3",
+                                    "--gpus", "16384")
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -98,7 +98,7 @@ def test_bad_input_is_one_line(args: list[str], needle: str,
 ])
 def test_bad_classes_are_one_line(args: list[str], needle: str,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert needle in one_line_error(capsys, *THREE, *args, "--gpus", "16384")
+    assert needle in one_line_error(capsys, "levels", *THREE, *args, "--gpus", "16384")
 
 
 def test_user_classes_add_to_a_preset() -> None:
@@ -108,3 +108,30 @@ def test_user_classes_add_to_a_preset() -> None:
                              "--failure-class", "rack:group:0.01:job").stdout)
     added = more["levels"][2]["failure_rate_per_s"] - base["levels"][2]["failure_rate_per_s"]
     assert added == pytest.approx(0.01 / 3600)
+
+
+def test_simulate_runs_the_optimum_and_agrees_with_the_model() -> None:
+    r = subprocess.run([sys.executable, "-m", "ckptbench", "simulate", *THREE,
+                        "--failure-classes", "llama3", "--gpus", "16384", "--days", "20",
+                        "--replicas", "200", "--seed", "3", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    best = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384",
+                             "--json").stdout)["optimum"]
+    assert out["schedule"] == {"compute_s": best["compute_s"], "counts": best["counts"]}
+    assert abs(out["goodput_mean"] - out["analytic_efficiency"]) < out["goodput_ci99"]
+    assert out["analytic_efficiency"] == pytest.approx(best["efficiency"])
+    assert out["goodput_p5"] < out["goodput_mean"] < out["goodput_p95"]
+    assert set(out["lost_by_class"]) == {name for name, _, _ in fc.LLAMA3_CAUSES}
+
+
+def test_simulate_text_and_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["simulate", *THREE, "--failure-classes", "llama3", "--gpus", "1024",
+               "--days", "5", "--replicas", "20", "--schedule", "10min:2,6"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "goodput over 20 runs of 5 days" in out and "lost by class" in out
+    err = one_line_error(capsys, "simulate", *THREE, "--failure-classes", "llama3", "--gpus",
+                         "1024", "--days", "3650", "--replicas", "100000")
+    assert "events" in err and "fewer replicas or a shorter run" in err

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ckptbench.runner",),
     ("ckptbench.report", "ckptbench.mlperf"),
     ("ckptbench.jobmodel", "ckptbench.cadence"),
+    ("ckptbench.simulate",),
     ("ckptbench.measure",),
     ("ckptbench.testing",),
     ("ckptbench.cli", "ckptbench.__main__"),

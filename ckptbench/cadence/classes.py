@@ -102,15 +102,12 @@ def classes_from(preset: str | None, given: Sequence[FailureClass]) -> tuple[Fai
     return out
 
 
-def severity_rates(level_scopes: Sequence[str], classes: Sequence[FailureClass], gpus: int,
-                   gpus_per_host: int) -> list[float]:
-    """Failure rate (1/s) for each level: the classes that level is the cheapest to survive.
+def assign(level_scopes: Sequence[str], classes: Sequence[FailureClass]) -> list[int]:
+    """For each class, the cheapest level (0-based) that survives it.
 
     Levels go from cheapest to most durable, each surviving a wider scope than the one
     before; the last must survive every class given.
     """
-    if gpus < 1 or gpus_per_host < 1:
-        raise SpecError(f"--gpus {gpus} and --gpus-per-node {gpus_per_host}: allowed: 1 or more")
     reach = []
     for i, scope in enumerate(level_scopes):
         if scope not in SCOPES:
@@ -120,12 +117,23 @@ def severity_rates(level_scopes: Sequence[str], classes: Sequence[FailureClass],
     if any(b <= a for a, b in itertools.pairwise(reach)):
         raise SpecError("levels: each level must survive a wider scope than the one before "
                         f"(given: {', '.join(level_scopes)}); allowed order: {', '.join(SCOPES)}")
-    rates = [0.0] * len(reach)
+    out = []
     for c in classes:
         need = SCOPES.index(c.scope)
         level = next((i for i, r in enumerate(reach) if r >= need), None)
         if level is None:
             raise SpecError(f"failure class {c.name} (scope {c.scope}) is survived by no level; "
                             f"allowed: a last level of scope {c.scope} or wider (e.g. storage: job)")
+        out.append(level)
+    return out
+
+
+def severity_rates(level_scopes: Sequence[str], classes: Sequence[FailureClass], gpus: int,
+                   gpus_per_host: int) -> list[float]:
+    """Failure rate (1/s) for each level: the classes that level is the cheapest to survive."""
+    if gpus < 1 or gpus_per_host < 1:
+        raise SpecError(f"--gpus {gpus} and --gpus-per-node {gpus_per_host}: allowed: 1 or more")
+    rates = [0.0] * len(level_scopes)
+    for c, level in zip(classes, assign(level_scopes, classes), strict=True):
         rates[level] += c.per_second(gpus, gpus_per_host)
     return rates

@@ -23,6 +23,7 @@ def cli() -> None:
     ckptbench sweep WORKLOAD --target D the same run at 1, 2, 4, 8 ranks per node
     ckptbench cadence ...               optimal checkpoint interval against MTBF
     ckptbench levels ...                multi-level cadence: memory, peers, storage
+    ckptbench simulate ...              the whole run simulated: goodput and its spread
     ckptbench mlperf WORKLOAD --target D MLPerf Storage v2.0's way next to ckptbench's
     ckptbench backends                  storage backends, their capabilities and options
     """

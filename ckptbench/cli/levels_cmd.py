@@ -1,15 +1,20 @@
-"""`ckptbench levels`: the multi-level cadence (node memory, peers, storage) against
-failure classes that each take some copies with them."""
+"""`ckptbench levels` and `ckptbench simulate`: the multi-level cadence (node memory,
+peers, storage) against failure classes that each take some copies with them, in closed
+form and simulated."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.errors import SpecError
+from ckptbench.simulate import Failures, simulate
 from ckptbench.units import format_duration, parse_duration
 
 
@@ -39,65 +44,144 @@ def _schedule(text: str, levels: int) -> ml.Schedule:
     return ml.Schedule(compute, counts)
 
 
-def _describe(o: ml.Optimum, levels: tuple[ml.Level, ...]) -> str:
-    text = f"a checkpoint every {format_duration(o.schedule.compute_s)} of compute"
+@dataclass(frozen=True)
+class _Job:
+    """What both commands read from the command line: levels, classes, the schedule."""
+
+    levels: tuple[ml.Level, ...]
+    scopes: tuple[str, ...]
+    classes: tuple[fc.FailureClass, ...]
+    rates: list[float]
+    schedule: ml.Schedule | None
+    gpus: int
+    gpus_per_node: int
+
+
+def _job(options: dict[str, Any]) -> _Job:
+    parsed = [_level(t) for t in options["level_texts"]]
+    levels = tuple(lv for lv, _ in parsed)
+    scopes = tuple(s for _, s in parsed)
+    classes = fc.classes_from(options["preset"], [fc.parse_class(t)
+                                                  for t in options["class_texts"]])
+    gpus, per_node = options["gpus"], options["gpus_per_node"]
+    rates = fc.severity_rates(scopes, classes, gpus, per_node)
+    text = options["schedule_text"]
+    return _Job(levels, scopes, classes, rates, _schedule(text, len(levels)) if text else None,
+                gpus, per_node)
+
+
+def _describe(o: ml.Optimum | ml.Schedule, levels: tuple[ml.Level, ...]) -> str:
+    schedule = o.schedule if isinstance(o, ml.Optimum) else o
+    text = f"a checkpoint every {format_duration(schedule.compute_s)} of compute"
     steps = [f"{v} {lower.name} then 1 {upper.name}" for lower, upper, v in
-             zip(levels, levels[1:], o.schedule.counts, strict=False)]
+             zip(levels, levels[1:], schedule.counts, strict=False)]
     return text + (": " + "; ".join(steps) if steps else f" ({levels[0].name})")
 
 
-_EPILOG = "\n".join(["\b", "Failure class presets:"] + [
-    f"  {name:<8} {source}" for name, (source, _) in fc.CLASS_PRESETS.items()] + [
-    "", "\b", "Example:",
-    "  ckptbench levels --level memory:3s:30s:process --level peer:5s:90s:node \\",
-    "      --level storage:60s:15min:job --failure-classes llama3 --gpus 16384",
-    "", "See docs/cadence.md (multi-level cadence)."])
+_EXAMPLE = ("--level memory:3s:30s:process --level peer:5s:90s:node \\\n"
+            "      --level storage:60s:15min:job --failure-classes llama3 --gpus 16384")
+_PRESETS = ["\b", "Failure class presets:"] + [
+    f"  {name:<8} {source}" for name, (source, _) in fc.CLASS_PRESETS.items()]
 
 
-@click.command("levels", epilog=_EPILOG)
-@click.option("--level", "level_texts", multiple=True, required=True,
-              metavar="NAME:SAVE:RESTORE:SCOPE",
-              help="A checkpoint level, cheapest first: blocking save and restore time (bare "
-                   "number: seconds) and the widest failure scope its copy survives "
-                   f"({', '.join(fc.SCOPES)}). Repeatable.")
-@click.option("--failure-classes", "preset", metavar="PRESET",
-              help=f"Failure classes with their scopes: {', '.join(fc.CLASS_PRESETS)}.")
-@click.option("--failure-class", "class_texts", multiple=True, metavar="NAME:SCOPE:RATE[:UNIT]",
-              help="A failure class: its scope, rate per unit-hour, unit gpu|host|job "
-                   "(default gpu). Repeatable; adds to --failure-classes.")
-@click.option("--gpus", type=int, required=True, help="GPUs of the job.")
-@click.option("--gpus-per-node", type=int, default=8, show_default=True,
-              help="GPUs per host, for per-host failure rates.")
-@click.option("--schedule", "schedule_text", metavar="DUR[:V1,...]",
-              help="A schedule to evaluate: compute between checkpoints (bare number: minutes) "
-                   "and, per level below the top, its checkpoints before the next level's.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def levels_command(level_texts: tuple[str, ...], preset: str | None,
-                   class_texts: tuple[str, ...], gpus: int, gpus_per_node: int,
-                   schedule_text: str | None, as_json: bool) -> None:
-    """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
-    efficiency when cheap copies survive some failures and storage survives all."""
-    parsed = [_level(t) for t in level_texts]
-    levels = tuple(lv for lv, _ in parsed)
-    classes = fc.classes_from(preset, [fc.parse_class(t) for t in class_texts])
-    rates = fc.severity_rates([s for _, s in parsed], classes, gpus, gpus_per_node)
-    named = _schedule(schedule_text, len(levels)) if schedule_text else None
-    result = ml.answer(levels, rates, named)
-    if as_json:
-        click.echo(json.dumps({"gpus": gpus, **result.to_dict()}, indent=2))
-        return
-    for (level, scope), rate in zip(parsed, rates, strict=True):
+def _epilog(command: str) -> str:
+    return "\n".join([*_PRESETS, "", "\b", "Example:", f"  ckptbench {command} {_EXAMPLE}", "",
+                      "See docs/cadence.md (multi-level cadence and simulation)."])
+
+
+def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both commands take (declared once)."""
+    for option in reversed([
+        click.option("--level", "level_texts", multiple=True, required=True,
+                     metavar="NAME:SAVE:RESTORE:SCOPE",
+                     help="A checkpoint level, cheapest first: blocking save and restore time "
+                          "(bare number: seconds) and the widest failure scope its copy survives"
+                          f" ({', '.join(fc.SCOPES)}). Repeatable."),
+        click.option("--failure-classes", "preset", metavar="PRESET",
+                     help=f"Failure classes with their scopes: {', '.join(fc.CLASS_PRESETS)}."),
+        click.option("--failure-class", "class_texts", multiple=True,
+                     metavar="NAME:SCOPE:RATE[:UNIT]",
+                     help="A failure class: its scope, rate per unit-hour, unit gpu|host|job "
+                          "(default gpu). Repeatable; adds to --failure-classes."),
+        click.option("--gpus", type=int, required=True, help="GPUs of the job."),
+        click.option("--gpus-per-node", type=int, default=8, show_default=True,
+                     help="GPUs per host, for per-host failure rates."),
+        click.option("--schedule", "schedule_text", metavar="DUR[:V1,...]",
+                     help="A schedule: compute between checkpoints (bare number: minutes) and, "
+                          "per level below the top, its checkpoints before the next level's."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _print_levels(job: _Job) -> None:
+    for level, scope, rate in zip(job.levels, job.scopes, job.rates, strict=True):
         click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}  restore "
                    f"{format_duration(level.restore_s):>8}  survives {scope:<7}  "
                    f"{rate * 86400:8.3g} failures/day need it")
+
+
+@click.command("levels", epilog=_epilog("levels"))
+@_job_options
+def levels_command(**options: Any) -> None:
+    """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
+    efficiency when cheap copies survive some failures and storage survives all."""
+    job = _job(options)
+    result = ml.answer(job.levels, job.rates, job.schedule)
+    if options["as_json"]:
+        click.echo(json.dumps({"gpus": job.gpus, **result.to_dict()}, indent=2))
+        return
+    _print_levels(job)
     best, alone = result.best, result.last_level_only
-    click.echo(f"optimum: {_describe(best, levels)} -> efficiency {100 * best.efficiency:.2f} %")
-    if len(levels) > 1:
-        click.echo(f"{levels[-1].name} alone: every {format_duration(alone.schedule.compute_s)}"
+    click.echo(f"optimum: {_describe(best, job.levels)} -> efficiency "
+               f"{100 * best.efficiency:.2f} %")
+    if len(job.levels) > 1:
+        click.echo(f"{job.levels[-1].name} alone: every {format_duration(alone.schedule.compute_s)}"
                    f" -> efficiency {100 * alone.efficiency:.2f} %")
     if result.named is not None:
-        click.echo(f"your schedule: {_describe(result.named, levels)} -> efficiency "
+        click.echo(f"your schedule: {_describe(result.named, job.levels)} -> efficiency "
                    f"{100 * result.named.efficiency:.2f} %")
 
 
-COMMANDS = [levels_command]
+@click.command("simulate", epilog=_epilog("simulate"))
+@_job_options
+@click.option("--days", type=float, default=54.0, show_default=True,
+              help="Length of the run (Llama 3's: 54 days).")
+@click.option("--replicas", type=int, default=1000, show_default=True,
+              help="Runs simulated (goodput mean and spread over them).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--weibull-shape", type=float, default=1.0, show_default=True,
+              help="Shape of the time between failures of each class (1: exponential; < 1: "
+                   "failures cluster).")
+def simulate_command(**options: Any) -> None:
+    """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
+    goodput over replicas and the time lost by cause and by failure class."""
+    job = _job(options)
+    schedule = job.schedule or ml.optimum(job.levels, job.rates).schedule
+    needs = fc.assign(job.scopes, job.classes)
+    failures = [Failures(c.name, c.per_second(job.gpus, job.gpus_per_node), level)
+                for c, level in zip(job.classes, needs, strict=True)]
+    run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
+                   options["replicas"], options["seed"], options["weibull_shape"])
+    if options["as_json"]:
+        click.echo(json.dumps({"gpus": job.gpus, "schedule": {
+            "compute_s": schedule.compute_s, "counts": list(schedule.counts)},
+            **run.to_dict()}, indent=2))
+        return
+    _print_levels(job)
+    click.echo(f"schedule: {_describe(schedule, job.levels)}")
+    click.echo(f"goodput over {run.replicas} runs of {options['days']:g} days: mean "
+               f"{100 * run.mean:.2f} % (99 % CI +-{100 * run.ci99:.2f}), p5 "
+               f"{100 * run.percentile(5):.2f} %, p95 {100 * run.percentile(95):.2f} %"
+               + ("" if run.analytic is None else
+                  f"; the model's efficiency {100 * run.analytic:.2f} %"))
+    click.echo(f"time lost: saves {100 * run.blocking:.2f} %, work redone "
+               f"{100 * run.rework:.2f} %, restores {100 * run.restore:.2f} %; "
+               f"{run.failures_per_replica:.1f} failures per run")
+    worst = sorted(run.by_class.items(), key=lambda kv: -kv[1])[:5]
+    click.echo("lost by class: " + ", ".join(f"{name} {100 * share:.2f} %"
+                                              for name, share in worst if share > 0))
+
+
+COMMANDS = [levels_command, simulate_command]
