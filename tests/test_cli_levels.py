@@ -17,6 +17,8 @@ from ckptbench.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 THREE = ["--level", "memory:3s:30s:process", "--level", "peer:5s:90s:node",
          "--level", "storage:60s:15min:job"]
+NO_RESTART = [a for scope in ("process", "node", "group", "job")
+              for a in ("--restart", f"{scope}=none")]
 
 
 def levels(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,7 +47,7 @@ def test_the_llama3_classes_are_the_419_interruptions_of_54_days() -> None:
 
 def test_json_gives_the_optimum_the_named_schedule_and_storage_alone() -> None:
     r = levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--schedule", "5min:3,5",
-               "--json")
+               "--json", *NO_RESTART)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     lv = [ml.Level(x["name"], x["save_s"], x["restore_s"]) for x in out["levels"]]
@@ -69,8 +71,11 @@ def test_text_names_each_level_and_the_schedule() -> None:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert [line.split()[0] for line in lines[:3]] == ["memory", "peer", "storage"]
-    assert "then 1 peer" in lines[3] and "then 1 storage" in lines[3] and "efficiency" in lines[3]
-    assert lines[4].startswith("storage alone")
+    assert sorted(line.split()[1] for line in lines[3:6]) == ["in-process", "replacement",
+                                                             "warm-spare"]
+    assert all(line.startswith("restart ") and "detect" in line for line in lines[3:6])
+    assert "then 1 peer" in lines[6] and "then 1 storage" in lines[6] and "efficiency" in lines[6]
+    assert lines[7].startswith("storage alone")
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -135,3 +140,53 @@ def test_simulate_text_and_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, "simulate", *THREE, "--failure-classes", "llama3", "--gpus",
                          "1024", "--days", "3650", "--replicas", "100000")
     assert "events" in err and "fewer replicas or a shorter run" in err
+
+
+def test_restarts_are_added_by_the_mechanism_of_each_failures_scope() -> None:
+    """Default mechanisms: in-process for process faults, a warm spare for a lost node, a
+    replacement for group and job failures; each level's restore gets the rate-weighted
+    mean of the failures that need it."""
+    out = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384",
+                            "--json").stdout)
+    bare = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384",
+                             "--json", *NO_RESTART).stdout)
+    restarts = out["restarts"]
+    m = restarts["mechanisms"]
+    assert restarts["by_scope"] == {"process": "in-process", "node": "warm-spare",
+                                    "group": "replacement", "job": "replacement"}
+    assert m["in-process"]["seconds"] == 20 and m["warm-spare"]["seconds"] == 150
+    assert m["replacement"]["seconds"] == 600 and "arXiv" in m["replacement"]["source"]
+    assert restarts["restart_s_per_level"] == pytest.approx([20, 150, 600])
+    for with_restart, without, extra in zip(out["levels"], bare["levels"], [20, 150, 600],
+                                            strict=True):
+        assert with_restart["restore_s"] == pytest.approx(without["restore_s"] + extra)
+    assert out["optimum"]["efficiency"] < bare["optimum"]["efficiency"]
+    # storage alone: every failure restores from storage, each after its own restart
+    rates = {"process": 61, "node": 321, "group": 35, "job": 2}
+    mean = (61 * 20 + 321 * 150 + 37 * 600) / 419
+    assert sum(rates.values()) == 419
+    alone = out["last_level_only"]
+    mtbf = 54 * 86400 / 419
+    assert alone["efficiency"] == pytest.approx(formulas.efficiency(
+        alone["compute_s"], 60, 900 + mean, mtbf), rel=1e-9)
+
+
+def test_restart_mechanisms_and_parts_can_be_changed() -> None:
+    out = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--json",
+                            "--restart", "node=in-process", "--restart-part",
+                            "in-process.detect=40s").stdout)
+    m = out["restarts"]["mechanisms"]["in-process"]
+    assert m["detect"] == 40 and m["seconds"] == 50 and "detect given" in m["source"]
+    assert out["restarts"]["restart_s_per_level"][:2] == pytest.approx([50, 50])
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--restart", "rack=none"], "--restart 'rack=none': allowed: SCOPE=MECHANISM"),
+    (["--restart", "node=reboot"], "MECHANISM in-process|warm-spare|replacement|none"),
+    (["--restart-part", "warm-spare.boot=1s"], "PART detect|reschedule|start|warmup"),
+    (["--restart-part", "warm-spare.detect=-1s"], "--restart-part warm-spare.detect"),
+])
+def test_bad_restart_options_are_one_line(args: list[str], needle: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert needle in one_line_error(capsys, "levels", *THREE, "--failure-classes", "llama3",
+                                    "--gpus", "16384", *args)

@@ -309,11 +309,11 @@ class LevelsAnswer:
                 "schedule": point(self.named)}
 
 
-def answer(levels: Sequence[Level], rates: Sequence[float],
-           named: Schedule | None = None) -> LevelsAnswer:
-    """The optimum schedule, the last level alone (every failure restored from it), and the
-    efficiency of the schedule given."""
+def answer(levels: Sequence[Level], rates: Sequence[float], named: Schedule | None = None,
+           alone: Level | None = None) -> LevelsAnswer:
+    """The optimum schedule, the last level alone (every failure restored from it: `alone`
+    if its restore differs then), and the efficiency of the schedule given."""
     best = optimum(levels, rates)
-    alone = optimum(levels[-1:], [sum(rates)])
+    alone_best = optimum([alone or levels[-1]], [sum(rates)])
     mine = None if named is None else Optimum(named, efficiency(levels, rates, named))
-    return LevelsAnswer(tuple(levels), tuple(rates), best, alone, mine)
+    return LevelsAnswer(tuple(levels), tuple(rates), best, alone_best, mine)

@@ -13,6 +13,7 @@ import click
 
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
+from ckptbench.cadence import restart as rs
 from ckptbench.errors import SpecError
 from ckptbench.simulate import Failures, simulate
 from ckptbench.units import format_duration, parse_duration
@@ -48,8 +49,12 @@ def _schedule(text: str, levels: int) -> ml.Schedule:
 class _Job:
     """What both commands read from the command line: levels, classes, the schedule."""
 
-    levels: tuple[ml.Level, ...]
+    levels: tuple[ml.Level, ...]  # restore_s: the copy's restore plus the restart
     scopes: tuple[str, ...]
+    restart_s: tuple[float, ...]
+    alone: ml.Level  # the last level when it is the only one (every failure restarts to it)
+    mechanisms: dict[str, rs.Mechanism]
+    chosen: dict[str, str]  # scope -> mechanism
     classes: tuple[fc.FailureClass, ...]
     rates: list[float]
     schedule: ml.Schedule | None
@@ -65,9 +70,17 @@ def _job(options: dict[str, Any]) -> _Job:
                                                   for t in options["class_texts"]])
     gpus, per_node = options["gpus"], options["gpus_per_node"]
     rates = fc.severity_rates(scopes, classes, gpus, per_node)
+    mechanisms = rs.with_overrides(options["part_texts"])
+    chosen = rs.by_scope(options["restart_texts"])
+    restart = rs.per_level(scopes, classes, gpus, per_node, mechanisms, chosen)
+    last = levels[-1]
+    alone = ml.Level(last.name, last.save_s, last.restore_s + rs.per_level(
+        scopes[-1:], classes, gpus, per_node, mechanisms, chosen)[0])
+    levels = tuple(ml.Level(lv.name, lv.save_s, lv.restore_s + r)
+                   for lv, r in zip(levels, restart, strict=True))
     text = options["schedule_text"]
-    return _Job(levels, scopes, classes, rates, _schedule(text, len(levels)) if text else None,
-                gpus, per_node)
+    return _Job(levels, scopes, tuple(restart), alone, mechanisms, chosen, classes, rates,
+                _schedule(text, len(levels)) if text else None, gpus, per_node)
 
 
 def _describe(o: ml.Optimum | ml.Schedule, levels: tuple[ml.Level, ...]) -> str:
@@ -109,6 +122,14 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--schedule", "schedule_text", metavar="DUR[:V1,...]",
                      help="A schedule: compute between checkpoints (bare number: minutes) and, "
                           "per level below the top, its checkpoints before the next level's."),
+        click.option("--restart", "restart_texts", multiple=True, metavar="SCOPE=MECHANISM",
+                     help="How the job restarts after a failure of a scope: "
+                          f"{', '.join(rs.MECHANISMS)} [default: "
+                          + ", ".join(f"{k}={v}" for k, v in rs.DEFAULT_BY_SCOPE.items())
+                          + "]. Repeatable."),
+        click.option("--restart-part", "part_texts", multiple=True, metavar="MECHANISM.PART=DUR",
+                     help=f"A part of a restart mechanism ({', '.join(rs.PARTS)}), e.g. "
+                          "warm-spare.reschedule=2min. Repeatable."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text."),
     ]):
         func = option(func)
@@ -116,10 +137,25 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _print_levels(job: _Job) -> None:
-    for level, scope, rate in zip(job.levels, job.scopes, job.rates, strict=True):
-        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}  restore "
-                   f"{format_duration(level.restore_s):>8}  survives {scope:<7}  "
+    for level, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
+                                           strict=True):
+        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}  restart + "
+                   f"restore {format_duration(level.restore_s):>8} (restart "
+                   f"{format_duration(restart)})  survives {scope:<7}  "
                    f"{rate * 86400:8.3g} failures/day need it")
+    used = dict.fromkeys(job.chosen[c.scope] for c in job.classes)
+    for name in used:
+        m = job.mechanisms[name]
+        scopes = ", ".join(s for s, n in job.chosen.items() if n == name)
+        parts = ", ".join(f"{p} {format_duration(v)}" for p, v in m.parts().items())
+        click.echo(f"restart {name} ({scopes}): {format_duration(m.seconds)} = {parts}")
+
+
+def _restarts_json(job: _Job) -> dict[str, Any]:
+    used = dict.fromkeys(job.chosen[c.scope] for c in job.classes)
+    return {"restart_s_per_level": list(job.restart_s), "by_scope": job.chosen,
+            "mechanisms": {n: {**job.mechanisms[n].parts(), "seconds": job.mechanisms[n].seconds,
+                               "source": job.mechanisms[n].source} for n in used}}
 
 
 @click.command("levels", epilog=_epilog("levels"))
@@ -128,9 +164,10 @@ def levels_command(**options: Any) -> None:
     """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
     efficiency when cheap copies survive some failures and storage survives all."""
     job = _job(options)
-    result = ml.answer(job.levels, job.rates, job.schedule)
+    result = ml.answer(job.levels, job.rates, job.schedule, job.alone)
     if options["as_json"]:
-        click.echo(json.dumps({"gpus": job.gpus, **result.to_dict()}, indent=2))
+        click.echo(json.dumps({"gpus": job.gpus, **result.to_dict(),
+                               "restarts": _restarts_json(job)}, indent=2))
         return
     _print_levels(job)
     best, alone = result.best, result.last_level_only
@@ -167,7 +204,7 @@ def simulate_command(**options: Any) -> None:
     if options["as_json"]:
         click.echo(json.dumps({"gpus": job.gpus, "schedule": {
             "compute_s": schedule.compute_s, "counts": list(schedule.counts)},
-            **run.to_dict()}, indent=2))
+            **run.to_dict(), "restarts": _restarts_json(job)}, indent=2))
         return
     _print_levels(job)
     click.echo(f"schedule: {_describe(schedule, job.levels)}")
