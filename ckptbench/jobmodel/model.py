@@ -97,7 +97,9 @@ class JobEstimate:
                                          "max": max(rates)},
                     "rank_bytes_per_s": dict(zip(("min", "median", "max"), p.rank_throughput,
                                                  strict=True)),
-                    "metadata_s": p.metadata_s, "cache": p.cache}
+                    "metadata_s": p.metadata_s, "cache": p.cache,
+                    "throughput_bytes_per_s": p.throughput_bytes_per_s,
+                    "node_bytes_per_s_geometric_mean": p.node_bytes_per_s}
 
         return {
             "measurement": {
