@@ -8,9 +8,11 @@ checkpoints, each one the checkpoint's tensor bytes over **rank 0's** duration o
 own save or load (no closing barrier), without fsync (its ``fsync`` key is read under
 another name), reads usually from the page cache and unverified. Here, rank 0's clock
 without fsync is its span in the same (durable) run less its fsync calls: with one I/O
-thread per rank they are consecutive calls on that clock. ckptbench's way: the phase from the first rank's
-first call to the manifest's commit (save) or from reading the manifest to the last
-rank's last read (restore), every file fsynced, reads cold, every chunk verified.
+thread per rank they are consecutive calls on that clock. ckptbench's way: the throughput
+``ckptbench run`` prints for the same records (``report.throughput``: the phase from the
+first rank's first call to the manifest's commit, or from reading the manifest to the
+last rank's last read), every file fsynced, reads cold, every chunk verified; here in
+GiB/s, MLPerf's unit, so that the ratio compares like with like.
 
 Both views come from the same op records, so their ratio says how much of a published
 figure is the measurement method rather than the storage.
@@ -22,6 +24,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from ckptbench.report import iteration_stats
 
 GIB = 2**30
 WORKLOADS = ("mlperf-llama3-8b", "mlperf-llama3-70b", "mlperf-llama3-405b", "mlperf-llama3-1t")
@@ -52,7 +56,8 @@ class Stat:
 class Comparison:
     """One phase both ways. ``mlperf``: rank 0's clock with its fsync time taken out (what
     DLIO v2.0, which issues none, would time); ``mlperf_with_fsync``: rank 0's clock as
-    ckptbench ran it; ``ckptbench``: the whole phase, slowest rank, commit included."""
+    ckptbench ran it; ``ckptbench``: the throughput `ckptbench run` prints (the whole
+    phase, slowest rank, commit included)."""
 
     phase: str
     mlperf: Stat
@@ -74,6 +79,8 @@ def _rank_ops(r: dict[str, Any]) -> bool:
 def compare(records: Iterable[dict[str, Any]], phase: str, tensor_bytes: int) -> Comparison:
     """`phase` ('save' or 'restore') of a run both ways. `tensor_bytes`: the checkpoint's
     tensor bytes on the ranks that ran (DLIO's numerator: its allreduced state size)."""
+    records = list(records)
+    ours = {i["iteration"]: i for i in iteration_stats(records) if i["phase"] == phase}
     by_it: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         if r.get("type") == "op" and r.get("phase") == phase:
@@ -89,12 +96,14 @@ def compare(records: Iterable[dict[str, Any]], phase: str, tensor_bytes: int) ->
         r0 = [o for o in rank_ops if o["rank"] == first]
         span0 = (max(o["end_ns"] for o in r0) - min(o["start_ns"] for o in r0)) / 1e9
         fsync0 = sum(o["end_ns"] - o["start_ns"] for o in r0 if o["op"] == "fsync") / 1e9
-        span = (max(o["end_ns"] for o in ops) - min(o["start_ns"] for o in ops)) / 1e9
         container = sum(o["bytes"] for o in rank_ops)
         for stat, secs, nbytes in ((ml, span0 - fsync0, tensor_bytes),
-                                   (mlf, span0, tensor_bytes), (ck, span, container)):
+                                   (mlf, span0, tensor_bytes)):
             stat.seconds.append(secs)
             stat.gibps.append(nbytes / GIB / secs if secs > 0 else 0.0)
+        if it in ours:  # a successful iteration: the throughput `run` prints, in GiB/s
+            ck.seconds.append(ours[it]["seconds"])
+            ck.gibps.append(ours[it]["throughput_bytes_per_s"] / GIB)
     return Comparison(phase, ml, mlf, ck, tensor_bytes, container)
 
 

@@ -10,6 +10,11 @@ One place for units, so ``--block-size``, ``--checkpoint-size`` and the benchmar
 * durations: ``ms s min h d`` (and their spelled-out forms); a bare number is in the
   caller's default unit.
 
+What every command prints follows one convention (:data:`CONVENTION`): sizes in binary
+units (:func:`format_bytes`: ``22.47 MiB``, ``4.729 TiB``), rates in decimal units
+(:func:`format_rate`: ``0.6023 GB/s``, ``1.5 TB/s``), as file systems report sizes and
+storage vendors quote bandwidth. MLPerf Storage's own figure stays in its GiB/s.
+
 Every error is a :class:`SpecError` of one line naming the option and what is allowed.
 """
 
@@ -125,6 +130,29 @@ def format_size(nbytes: float, binary: bool = True) -> str:
         value /= base
         unit = p.upper() + suffix
     return f"{value:.4g}{unit}"
+
+
+CONVENTION = "sizes in binary units (GiB = 2^30 B), rates in decimal units (GB/s = 1e9 B/s)"
+
+
+def format_bytes(nbytes: float) -> str:
+    """A size as printed: binary units, four significant digits, '22.47 MiB', '4.729 TiB'."""
+    text = format_size(nbytes)
+    number = text.rstrip("KMGTPiB")
+    return f"{number} {text[len(number):]}"
+
+
+def gbps(bytes_per_s: float | None) -> str:
+    """A rate as a number of GB/s (1e9 B/s) for table cells headed 'GB/s'; '-' for none."""
+    return "-" if bytes_per_s is None else f"{bytes_per_s / 1e9:.3f}"
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A rate as printed: decimal units, four significant digits, '0.6023 GB/s',
+    '1.5 TB/s' (from 1e12 B/s)."""
+    if abs(bytes_per_s) >= 1e12:
+        return f"{bytes_per_s / 1e12:.4g} TB/s"
+    return f"{bytes_per_s / 1e9:.4g} GB/s"
 
 
 def format_duration(seconds: float) -> str:

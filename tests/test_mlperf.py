@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ckptbench.mlperf import GIB, RunFacts, compare, facts, rules
+from ckptbench.report import iteration_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000
@@ -22,6 +23,22 @@ def op(it: int, phase: str, rank: int, name: str, a_ms: float, b_ms: float, nbyt
     return {"type": "op", "iteration": it, "phase": phase, "rank": rank, "thread": thread,
             "op": name, "file": f"f{rank}", "bytes": nbytes, "start_ns": int(a_ms * MS),
             "end_ns": int(b_ms * MS)}
+
+
+def as_run(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`ops` with the rank and phase records a run writes beside them: each rank's bytes
+    and span, each (iteration, phase) ok (the throughput `run` prints reads those)."""
+    out = list(ops)
+    for key in sorted({(o["iteration"], o["phase"]) for o in ops}):
+        mine = [o for o in ops if (o["iteration"], o["phase"]) == key]
+        for rank in sorted({o["rank"] for o in mine if o["rank"] >= 0}):
+            rank_ops = [o for o in mine if o["rank"] == rank and o["thread"] >= 0]
+            out.append({"type": "rank", "iteration": key[0], "phase": key[1], "rank": rank,
+                        "host": "h", "bytes": sum(o["bytes"] for o in rank_ops),
+                        "start_ns": min(o["start_ns"] for o in rank_ops),
+                        "end_ns": max(o["end_ns"] for o in rank_ops)})
+        out.append({"type": "phase", "iteration": key[0], "phase": key[1], "ok": True})
+    return out
 
 
 def save_iteration(it: int, t0: float, slow_ms: float) -> list[dict[str, Any]]:
@@ -38,16 +55,19 @@ def save_iteration(it: int, t0: float, slow_ms: float) -> list[dict[str, Any]]:
 
 
 def test_both_views_from_synthetic_records() -> None:
-    recs = save_iteration(1, 0, 1000) + save_iteration(2, 5000, 2000)
+    recs = as_run(save_iteration(1, 0, 1000) + save_iteration(2, 5000, 2000))
     c = compare(recs, "save", 2 * GIB)
     # MLPerf: rank 0's span (801 ms) less its fsync (300 ms), tensor bytes, GiB/s
     assert c.mlperf.seconds == pytest.approx([0.501, 0.501])
     assert c.mlperf.gibps == pytest.approx([2 / 0.501] * 2)
     assert c.mlperf_with_fsync.gibps == pytest.approx([2 / 0.801] * 2)
-    # ckptbench: first call to the commit's end, bytes written (container bytes)
+    # ckptbench: first call to the commit's end, bytes written (container bytes): the
+    # throughput `ckptbench run` prints for each iteration, in GiB/s
     assert c.ckptbench.seconds == pytest.approx([1.010, 2.010])
     written = (2 * GIB + 200) / GIB
     assert c.ckptbench.gibps == pytest.approx([written / 1.010, written / 2.010])
+    ours = [i["throughput_bytes_per_s"] / GIB for i in iteration_stats(recs)]
+    assert c.ckptbench.gibps == pytest.approx(ours)
     assert c.ckptbench.mean == pytest.approx(statistics.fmean(c.ckptbench.gibps))
     # DLIO reports np.std: the population standard deviation (ddof 0)
     assert c.ckptbench.stdev == pytest.approx(statistics.pstdev(c.ckptbench.gibps))
@@ -58,12 +78,12 @@ def test_both_views_from_synthetic_records() -> None:
 
 
 def test_restore_view_counts_the_manifest_in_ckptbench_only() -> None:
-    recs = [
+    recs = as_run([
         {"type": "op", "iteration": 1, "phase": "restore", "rank": -1, "process": 0, "thread": -1,
          "op": "manifest", "file": ".metadata", "bytes": 0, "start_ns": 0, "end_ns": 50 * MS},
         op(1, "restore", 0, "read", 50, 550, GIB),
         op(1, "restore", 1, "read", 50, 1050, GIB),
-    ]
+    ])
     c = compare(recs, "restore", 2 * GIB)
     assert c.mlperf.seconds == pytest.approx([0.5]) and c.mlperf.gibps == pytest.approx([4.0])
     assert c.ckptbench.seconds == pytest.approx([1.05])
@@ -72,7 +92,8 @@ def test_restore_view_counts_the_manifest_in_ckptbench_only() -> None:
 
 def test_rank_0_is_the_first_rank_that_ran() -> None:
     """--ranks 2-3: DLIO's rank 0 is the first process, plan rank 2 here."""
-    recs = [op(1, "restore", 2, "read", 0, 400, GIB), op(1, "restore", 3, "read", 0, 800, GIB)]
+    recs = as_run([op(1, "restore", 2, "read", 0, 400, GIB),
+                   op(1, "restore", 3, "read", 0, 800, GIB)])
     c = compare(recs, "restore", 2 * GIB)
     assert c.mlperf.seconds == pytest.approx([0.4]) and c.ckptbench.seconds == pytest.approx([0.8])
 

@@ -8,8 +8,11 @@ import pytest
 
 from ckptbench.errors import SpecError
 from ckptbench.units import (
+    format_bytes,
     format_duration,
+    format_rate,
     format_size,
+    gbps,
     parse_duration,
     parse_fraction,
     parse_rate,
@@ -121,6 +124,22 @@ def test_bad_fractions(text: str) -> None:
 ])
 def test_format_size(nbytes: float, binary: bool, text: str) -> None:
     assert format_size(nbytes, binary) == text
+
+
+@pytest.mark.parametrize(("nbytes", "text"), [
+    (22.47 * MIB, "22.47 MiB"), (4.729 * TIB, "4.729 TiB"), (100, "100 B"), (5.2e12, "4.729 TiB"),
+])
+def test_sizes_print_in_binary_units(nbytes: float, text: str) -> None:
+    assert format_bytes(nbytes) == text
+
+
+@pytest.mark.parametrize(("rate", "text"), [
+    (6.023e8, "0.6023 GB/s"), (3.54e7, "0.0354 GB/s"), (598.6e9, "598.6 GB/s"),
+    (1.5e12, "1.5 TB/s"), (2 * GIB, "2.147 GB/s"),
+])
+def test_rates_print_in_decimal_units(rate: float, text: str) -> None:
+    assert format_rate(rate) == text
+    assert gbps(rate) == f"{rate / 1e9:.3f}" and gbps(None) == "-"
 
 
 @pytest.mark.parametrize("nbytes", [1, 4096, 8 * MIB, 5 * MIB, 3 * GIB // 2, TIB, 7 << 50])

@@ -19,7 +19,6 @@ from ckptbench.cadence.answer import (
     OperatingPoint,
     analyze,
     best_goodput,
-    format_bandwidth,
     goodput_curve,
     interval_floor,
     operating_point,
@@ -54,7 +53,7 @@ __all__ = [
     "SECONDS_PER_DAY", "SECONDS_PER_HOUR", "CadenceReport", "CheckpointCost", "Component",
     "FailureModel", "FailurePreset", "OperatingPoint", "analyze", "best_goodput",
     "daly_interval", "efficiency", "failure_fraction", "failure_loss", "failure_model",
-    "format_bandwidth", "goodput_curve", "interval_floor", "lambert_w0", "loss_per_day",
+    "goodput_curve", "interval_floor", "lambert_w0", "loss_per_day",
     "loss_per_failure", "operating_point", "optimal_interval", "parse_component",
     "required_save_seconds", "series_mtbf_s", "workload_checkpoint_bytes", "young_interval",
 ]

@@ -27,6 +27,7 @@ from ckptbench.cadence.formulas import (
     young_interval,
 )
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.units import format_bytes, format_rate
 
 if TYPE_CHECKING:
     from ckptbench.spec import Workload
@@ -58,6 +59,13 @@ class CheckpointCost:
     @property
     def effective_restore_s(self) -> float:
         return self.restore_s + self.persist_s
+
+    def describe(self) -> str:
+        """C, R and the persist as the table and the plot's title both show them."""
+        text = f"save (blocking) {self.save_s:.3g} s, restart + restore {self.restore_s:.3g} s"
+        if self.persist_s:
+            text += f", persist {self.persist_s:.3g} s (asynchronous)"
+        return text
 
     @property
     def effective_save_s(self) -> float:
@@ -137,7 +145,7 @@ def interval_floor(cost: CheckpointCost, checkpoint_bytes: float | None = None,
     if checkpoint_bytes and storage_bandwidth:
         need = checkpoint_bytes / storage_bandwidth - cost.save_s
         floors.append(
-            (need, f"{checkpoint_bytes / 1e12:.4g} TB per period at {format_bandwidth(storage_bandwidth)}")
+            (need, f"{format_bytes(checkpoint_bytes)} per period at {format_rate(storage_bandwidth)}")
         )
     return max(floors)
 
@@ -221,11 +229,6 @@ RESTART_OVERHEAD_SOURCE = (
     " communicator setup) before its checkpoint is read; not a measurement: give"
     " --restart-overhead with your cluster's own"
 )
-
-
-def format_bandwidth(bytes_per_s: float) -> str:
-    """Bytes/s as GB/s or TB/s (decimal units, as storage vendors quote them)."""
-    return f"{bytes_per_s / 1e12:.3g} TB/s" if bytes_per_s >= 1e12 else f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
 def workload_checkpoint_bytes(workload: Workload) -> int:

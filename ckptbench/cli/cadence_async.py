@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ckptbench import cadence
 from ckptbench.errors import SpecError
 from ckptbench.jobmodel import AsyncMeasurement
-from ckptbench.units import parse_duration
+from ckptbench.units import format_bytes, parse_duration
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ def async_note(cost: cadence.CheckpointCost, measured: AsyncMeasurement | None,
                  f" {cost.effective_save_s - cost.save_s:.3g} s per checkpoint")
     if measured is not None and bytes_per_gpu:
         text += (f"\nasynchronous run {measured.source}: blocking {measured.blocking_s:.3g} s"
-                 f" for {measured.bytes_per_process / 1e9:.3g} GB of state per process, scaled"
-                 f" to {bytes_per_gpu / 1e9:.3g} GB per GPU; its save time is the"
+                 f" for {format_bytes(measured.bytes_per_process)} of state per process, scaled"
+                 f" to {format_bytes(bytes_per_gpu)} per GPU; its save time is the"
                  " persist (the interval's floor); interference "
                  + ("not measurable in that run (its steps slowed more than the persists"
                     " lasted: the machine's load drifted), charged as 0"

@@ -18,8 +18,9 @@ from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
 from ckptbench.spec import Workload, load_workload
 from ckptbench.units import (
+    format_bytes,
     format_duration,
-    format_size,
+    format_rate,
     parse_duration,
     parse_fraction,
     parse_rate,
@@ -288,14 +289,11 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     mtbf_text = "infinite" if math.isinf(report.mtbf_s) else format_duration(report.mtbf_s)
     console.print(f"MTBF {mtbf_text} ({model.source});"
                   f" {report.failures_per_day:.3g} failures/day")
-    line = f"save (blocking) {cost.save_s:.3g} s, restart + restore {cost.restore_s:.3g} s"
-    if cost.persist_s:
-        line += f", persist {cost.persist_s:.3g} s (asynchronous)"
-    console.print(line + note, soft_wrap=True, markup=False)
+    console.print(cost.describe() + note, soft_wrap=True, markup=False)
     if job is not None:
         _print_job_model(console, job)
     if checkpoint_bytes:
-        console.print(f"checkpoint size {checkpoint_bytes / 1e12:.4g} TB")
+        console.print(f"checkpoint size {format_bytes(checkpoint_bytes)}")
 
     table = Table(box=box.SIMPLE_HEAD, caption=None if price is None else f"cost at {price:g} per GPU-hour")
     table.add_column("choice", no_wrap=True)
@@ -332,7 +330,7 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
     else:
         need = f"{goal}{at} needs saves of at most {inverse['max_save_s']:.3g} s (synchronous)"
         if inverse["save_bandwidth_bytes_per_s"]:
-            need += f", i.e. {cadence.format_bandwidth(inverse['save_bandwidth_bytes_per_s'])} of save bandwidth"
+            need += f", i.e. {format_rate(inverse['save_bandwidth_bytes_per_s'])} of save bandwidth"
         console.print(need)
     if plot is not None:
         console.print(f"plot written to {plot}")
@@ -341,9 +339,7 @@ def _print_table(report: cadence.CadenceReport, model: cadence.FailureModel,
 def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
     """The job model's inputs, its steps for save and restore, assumptions and warnings."""
     m, t = job.measurement, job.target
-
-    def size(n: float) -> str:
-        return format_size(n, binary=False)
+    size = format_bytes
 
     def say(text: str) -> None:  # long lines stay whole (logs, grep); no rich markup
         console.print(text, markup=False, soft_wrap=True)
@@ -353,11 +349,14 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
     say(f"  measured ({m.path}): {len(m.ranks)} ranks on {m.nodes} node(s),"
                   f" {m.ranks_per_node} per node, {size(m.bytes_per_rank)} per rank, scale"
                   f" {m.scale}, {m.save.iterations} iteration(s)")
+    for measured in (m.save, m.restore):
+        if measured is not None and measured.headline:
+            say(f"    {measured.headline}")
     for p in (job.save, job.restore):
         if p is None:
             continue
-        line = (f"  {p.phase}: per node {cadence.format_bandwidth(p.node_bandwidth)} (fit median,"
-                f" sigma {p.spread_sigma:.3g}, {p.samples} samples); median node"
+        line = (f"  {p.phase}: per node, data only {format_rate(p.node_bandwidth)} (geometric"
+                f" mean, sigma {p.spread_sigma:.3g}, {p.samples} node samples); median node"
                 f" {p.median_node_s:.3g} s, slowest of {t.nodes:,} nodes {p.slowest_node_s:.3g} s")
         if p.ceiling_s is not None:
             line += f", ceiling {p.ceiling_s:.3g} s" + (" (binding)" if p.capped else "")
@@ -373,7 +372,7 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
     if job.warnings:
         say("  warnings (used anyway: --force):")
         for w in job.warnings:
-            say(f"    ! {w.message}; measure it with: {w.command}")
+            say(f"    ! {w.message}" + (f"; measure it with: {w.command}" if w.command else ""))
 
 
 def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
@@ -404,8 +403,7 @@ def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (minutes)")
     ax.set_ylabel("goodput (%)")
-    ax.set_title(f"MTBF {format_duration(report.mtbf_s)}, save {report.cost.save_s:.3g} s,"
-                 f" restore {report.cost.effective_restore_s:.3g} s")
+    ax.set_title(f"MTBF {format_duration(report.mtbf_s)}\n{report.cost.describe()}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")
     save_figure(fig, path, force)
@@ -416,9 +414,11 @@ def save_figure(fig: Any, path: Path, force: bool = False) -> None:
     `path`; one-line error if it cannot), then free it."""
     import matplotlib.pyplot as plt
 
+    title = " / ".join(t for t in (ax.get_title() for ax in fig.axes) if t)
     try:
         write_output_file(path, "--plot", force,
-                          lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
+                          lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight",
+                                                metadata={"Title": title.replace("\n", ", ")}))
     finally:
         plt.close(fig)
 

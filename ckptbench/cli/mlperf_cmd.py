@@ -16,25 +16,27 @@ from ckptbench.errors import SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.mlperf import CHECKPOINTS, GIB, Comparison, compare, facts, rules
 from ckptbench.records import read_records
+from ckptbench.report import summarize, throughput
 from ckptbench.report import table as report_table
 from ckptbench.runner import RunRequest, open_launcher
 from ckptbench.runner.sequence import SEQUENCES
 from ckptbench.runner.signals import stop_on_signals
-from ckptbench.units import format_size, parse_size
+from ckptbench.units import format_bytes, parse_size
 
 
 def _row(table: Table, c: Comparison) -> None:
     for way, stat, what in (
             ("MLPerf v2.0", c.mlperf, "rank 0's clock, no fsync, tensor bytes"),
             ("MLPerf v2.0 + fsync", c.mlperf_with_fsync, "rank 0's clock as run here"),
-            ("ckptbench", c.ckptbench, "all ranks to the commit, fsync" if c.phase == "save"
-             else "manifest to the last rank's read, verified")):
+            ("ckptbench", c.ckptbench, "its throughput: all ranks to the commit, fsync"
+             if c.phase == "save" else "its throughput: manifest to the last read, verified")):
         table.add_row(c.phase, way, f"{stat.mean:.3f}", f"{stat.stdev:.3f}",
                       f"{max(stat.seconds):.3f}" if stat.seconds else "-", what)
     table.add_row(c.phase, "ratio MLPerf / ckptbench", f"{c.ratio:.2f}x", "", "", "")
 
 
-def render(comparisons: list[Comparison], lines: list[str], sequence: str) -> None:
+def render(comparisons: list[Comparison], lines: list[str], sequence: str,
+           headlines: list[str]) -> None:
     console = report_table.console_for(report_table.output_width(False, None))
     table = Table(title="MLPerf Storage v2.0 way vs ckptbench way (GiB/s = 2^30 B/s, mean "
                         "and population stdev over checkpoints, as DLIO reports them)")
@@ -44,6 +46,9 @@ def render(comparisons: list[Comparison], lines: list[str], sequence: str) -> No
     for c in comparisons:
         _row(table, c)
     console.print(table)
+    click.echo("ckptbench's throughput, as `ckptbench run` and `report` print it (GB/s = 1e9 B/s):")
+    for line in headlines:
+        click.echo(f"  {line}")
     c0 = comparisons[0]
     click.echo(f"sequence: {sequence}; tensor bytes per checkpoint: "
                f"{c0.tensor_bytes / GIB:.3f} GiB; torch.save containers: "
@@ -65,9 +70,9 @@ def check_disk(req: RunRequest) -> None:
     free = shutil.disk_usage(where).free if where is not None else need
     if need > free:
         raise SpecError(
-            f"--iterations {req.options.iterations} x {format_size(per)} per checkpoint = "
-            f"{format_size(need)} on {backend.root} at once (--sequence writes-then-reads "
-            f"keeps each checkpoint until its read); its file system has {format_size(free)} "
+            f"--iterations {req.options.iterations} x {format_bytes(per)} per checkpoint = "
+            f"{format_bytes(need)} on {backend.root} at once (--sequence writes-then-reads "
+            f"keeps each checkpoint until its read); its file system has {format_bytes(free)} "
             "free; allowed: fewer --iterations or --ranks, a larger --scale, or "
             "--sequence interleaved")
 
@@ -81,8 +86,9 @@ def report(req: RunRequest, path: Path, scale: int, as_json: bool) -> None:
         records, workload=req.workload.name, world_size=req.plan.world_size,
         ranks=len(req.ranks), scale=scale, iterations=req.options.iterations,
         bytes_per_checkpoint=comparisons[0].container_bytes))]
+    summaries = [r for r in records if r.get("type") == "summary"] or summarize(records)
     if not as_json:
-        render(comparisons, lines, req.options.sequence)
+        render(comparisons, lines, req.options.sequence, throughput.headlines(summaries))
         click.echo(f"results: {path}")
         return
     out: dict[str, Any] = {"results": str(path), "sequence": req.options.sequence, "phases": [
@@ -92,6 +98,7 @@ def report(req: RunRequest, path: Path, scale: int, as_json: bool) -> None:
                   "seconds": s.seconds}
             for way, s in (("mlperf", c.mlperf), ("mlperf_with_fsync", c.mlperf_with_fsync),
                            ("ckptbench", c.ckptbench))}} for c in comparisons],
+        "throughput_bytes_per_s": {s["phase"]: s["throughput_bytes_per_s"] for s in summaries},
         "rules": lines}
     click.echo(json.dumps(out, indent=2))
 

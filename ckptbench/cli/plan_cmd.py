@@ -21,7 +21,7 @@ from ckptbench.spec import (
     scaled,
     with_restore,
 )
-from ckptbench.units import format_size
+from ckptbench.units import format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,11 +54,7 @@ def _mesh(world: int, mesh: dict[str, int]) -> str:
             + (f", ep {mesh['ep']}" if mesh["ep"] > 1 else ""))
 
 
-def _size(n: float) -> str:
-    """'3.691 TiB', '360.2 KiB': four significant digits at any scale."""
-    text = format_size(n)
-    number = text.rstrip("KMGTPEiB")
-    return f"{number} {text[len(number):]}"
+_size = format_bytes  # '3.691 TiB', '360.2 KiB': binary, four significant digits
 
 
 def plan_rows(plan_summary: dict[str, Any], full_bytes: int | None, scale: int) -> list[tuple[str, str]]:

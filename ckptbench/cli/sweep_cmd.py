@@ -24,9 +24,10 @@ from ckptbench.cli.cadence_cmd import save_figure
 from ckptbench.errors import SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.payload import MODES
+from ckptbench.report import throughput
 from ckptbench.runner import new_run_id
 from ckptbench.spec import load_workload
-from ckptbench.units import format_size, parse_size
+from ckptbench.units import CONVENTION, format_bytes, gbps, parse_size
 
 
 def parse_counts(text: str, world_size: int) -> list[int]:
@@ -46,23 +47,30 @@ def parse_counts(text: str, world_size: int) -> list[int]:
     return sorted(counts)
 
 
-def _gbps(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e9:.3f}"
-
-
-def render(console: Console, points: list[jobmodel.SweepPoint]) -> None:
-    """The per-node curve: throughput per node and per rank at each point."""
-    table = Table(title="per-node curve (GB/s = 1e9 B/s; median over node samples)")
-    for col in ("ranks/node", "bytes/rank", "save GB/s/node", "per rank", "restore GB/s/node",
-                "per rank"):
+def render(console: Console, points: list[jobmodel.SweepPoint],
+           measured: list[jobmodel.Measurement]) -> None:
+    """The per-node curve (per node, data only, and per rank at each point), each point's
+    throughput as `run` prints it, and where the node saturates."""
+    table = Table(title="per-node curve")
+    for col in ("ranks/node", "bytes/rank", "save\nthroughput\nGB/s",
+                "save GB/s\nper node,\ndata only", "per rank", "restore\nthroughput\nGB/s",
+                "restore GB/s\nper node,\ndata only", "per rank"):
         table.add_column(col, justify="right")
     for p in points:
         k = p.ranks_per_node
         restore = p.restore_node_bytes_per_s
-        table.add_row(str(k), format_size(p.bytes_per_rank, binary=False),
-                      _gbps(p.save_node_bytes_per_s), _gbps(p.save_node_bytes_per_s / k),
-                      _gbps(restore), _gbps(None if restore is None else restore / k))
+        table.add_row(str(k), format_bytes(p.bytes_per_rank), gbps(p.save_bytes_per_s),
+                      gbps(p.save_node_bytes_per_s), gbps(p.save_node_bytes_per_s / k),
+                      gbps(p.restore_bytes_per_s), gbps(restore),
+                      gbps(None if restore is None else restore / k))
     console.print(table)
+    for p, m in zip(points, measured, strict=True):
+        for measured_phase in (m.save, m.restore):
+            if measured_phase is not None and measured_phase.headline:
+                console.print(f"{p.ranks_per_node} rank(s) per node: {measured_phase.headline}",
+                              markup=False, highlight=False, soft_wrap=True)
+    console.print(f"{throughput.DEFINITION}. {throughput.PER_NODE_DEFINITION}; per rank: per"
+                  f" node / ranks per node. {CONVENTION}.", markup=False, highlight=False)
     for phase in ("save", "restore"):
         knee = jobmodel.saturation(points, phase)
         if knee is not None:
@@ -88,7 +96,7 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("ranks per node")
-    ax.set_ylabel("GB/s per node")
+    ax.set_ylabel("GB/s per node, data only")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -115,7 +123,7 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
               help="Directory for the results files and the sweep file "
                    "[default: results/<workload>-sweep-<time>].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of GB/s per node against ranks per node.")
+              help="Write a PNG of GB/s per node (data only) against ranks per node.")
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep's points as JSON.")
 def sweep_command(workload: str, counts: str, target: str, iterations: int, scale: int,
@@ -137,6 +145,7 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
     if threads:
         options["threads"] = threads
     points: list[jobmodel.SweepPoint] = []
+    measured: list[jobmodel.Measurement] = []
     for k in ks:
         name = f"{full.name}-rpn{k}.jsonl"
         req = build_request(workload, target, scale=scale, ranks=list(range(k)),
@@ -144,7 +153,8 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
         click.echo(f"{full.name}: {k} rank(s) per node, {iterations} iteration(s) -> {out / name}",
                    err=True)
         measure(req, out / name)
-        points.append(jobmodel.SweepPoint.of(jobmodel.read_results(out / name, "sweep"), name))
+        measured.append(jobmodel.read_results(out / name, "sweep"))
+        points.append(jobmodel.SweepPoint.of(measured[-1], name))
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,
                                       "iterations": iterations, "target": target}, points)
     if plot_path is not None:
@@ -156,7 +166,7 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
     console = Console()
     if plot_path is not None:
         click.echo(f"plot written to {plot_path}")
-    render(console if console.is_terminal else Console(width=120), points)
+    render(console if console.is_terminal else Console(width=120), points, measured)
     click.echo(f"sweep: {sweep_file}")
 
 

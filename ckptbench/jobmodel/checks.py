@@ -14,7 +14,7 @@ from typing import Any
 from ckptbench.errors import SpecError
 from ckptbench.jobmodel.measured import Measurement
 from ckptbench.jobmodel.target import Target
-from ckptbench.units import format_size
+from ckptbench.units import format_bytes
 
 MIN_SAMPLES = 5  # per-node samples (nodes x iterations) for a spread estimate worth the name
 BYTES_TOLERANCE = 2.0  # bytes per rank may differ by this factor either way
@@ -27,7 +27,7 @@ class Finding:
 
     check: str  # ranks-per-node | bytes-per-rank | tiny-files | iterations | cache
     message: str
-    command: str
+    command: str  # "": no run of ckptbench's options measures it (said in the message)
     fix: dict[str, Any] = field(default_factory=dict, compare=False)  # RunShape changes
 
 
@@ -49,7 +49,26 @@ class RunShape:
 
 
 def _size(n: float) -> str:
-    return format_size(n, binary=False)
+    return format_bytes(n)
+
+
+def _cache_finding(m: Measurement) -> tuple[str, bool] | None:
+    """Why the restore may have read from memory, and whether `--cache auto` would
+    change that; None when it was cold. A process's restore is cold when it evicted what
+    it wrote (O_DIRECT, fadvise, drop_caches) or its target has no cache to evict (an
+    object store: 'none (object store)'; any 'none' when the run asked for --cache auto);
+    'warm: ...' is a client cache that could not be evicted (docs/parallel-fs.md)."""
+    assert m.restore is not None
+    methods = set((m.restore.cache or "none").split(","))
+    warm = sorted(x for x in methods if x.startswith("warm"))
+    if warm:
+        return (f"restore: recorded warm ({'; '.join(warm)}): reads may have come from the"
+                " client's cache, which --cache auto could not evict (see docs/parallel-fs.md:"
+                " --io direct or a restore shift across nodes)", False)
+    if "none" in methods and m.cache_option != "auto":
+        return ("restore: caches were not avoided (--cache none): reads may have come from"
+                " memory", True)
+    return None
 
 
 def _scale_for(scale: int, have: float, want: float) -> int:
@@ -76,7 +95,7 @@ def findings(m: Measurement, t: Target, need_restore: bool = True) -> list[Findi
     out: list[Finding] = []
 
     def add(check: str, message: str, **fix: Any) -> None:
-        out.append(Finding(check, message, replace(shape, **fix).command(), fix))
+        out.append(Finding(check, message, replace(shape, **fix).command() if fix else "", fix))
 
     if m.ranks_per_node != t.ranks_per_node:
         add("ranks-per-node",
@@ -110,15 +129,18 @@ def findings(m: Measurement, t: Target, need_restore: bool = True) -> list[Findi
             f"spread: {m.samples} per-node sample(s) ({m.nodes} node(s) x {m.save.iterations}"
             f" iteration(s)); the slowest-of-{t.nodes:,} estimate needs at least {MIN_SAMPLES}",
             iterations=math.ceil(MIN_SAMPLES / m.nodes))
-    if need_restore and m.restore is not None and (m.restore.cache or "none").startswith("none"):
-        add("cache", "restore: caches were not avoided (cache none): reads may have come from"
-                     " memory", cache="auto")
+    cache = _cache_finding(m) if need_restore and m.restore is not None else None
+    if cache is not None:
+        message, fixed_by_auto = cache
+        add("cache", message, **({"cache": "auto"} if fixed_by_auto else {}))
     return out
 
 
 def combined_command(m: Measurement, t: Target, found: list[Finding]) -> str:
     """One run that answers every finding at once (the smallest scale, the most
-    iterations asked for)."""
+    iterations asked for); "" when no finding names a run (it would be the same run)."""
+    if not any(f.fix for f in found):
+        return ""
     merged: dict[str, Any] = {}
     for f in found:
         for key, wanted in f.fix.items():
@@ -131,6 +153,8 @@ def combined_command(m: Measurement, t: Target, found: list[Finding]) -> str:
 
 def refusal(found: list[Finding], combined: str, source: str) -> SpecError:
     """The one-line error for a measurement that cannot stand for the job."""
-    reasons = "; ".join(f"{f.message} [measure: {f.command}]" for f in found)
-    return SpecError(f"{source} cannot stand for the target job: {reasons}. Measure it with"
-                     f" `{combined}`, or give --force to use it anyway")
+    reasons = "; ".join(f.message + (f" [measure: {f.command}]" if f.command else "")
+                        for f in found)
+    how = f"Measure it with `{combined}`, or give" if combined else "Give"
+    return SpecError(f"{source} cannot stand for the target job: {reasons}. {how} --force to use"
+                     " it anyway")

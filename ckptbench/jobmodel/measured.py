@@ -16,13 +16,14 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.jobmodel.stragglers import LogNormalFit
 from ckptbench.records import read_records
-from ckptbench.report import view
+from ckptbench.report import throughput, view
 from ckptbench.spec import Workload, parse_workload
 
 PHASES = ("save", "restore")
@@ -51,10 +52,18 @@ class PhaseMeasurement:
     metadata_s: float  # median over iterations: phase span minus the ranks' data span
     rank_throughput: tuple[float, float, float]  # min, median, max over ranks x iterations
     cache: str | None  # restore: how the cache was avoided
+    headline: str = ""  # the phase's throughput as every command prints it (report.throughput)
+    throughput_bytes_per_s: float | None = None  # its value: median over iterations
 
     @property
     def node_throughputs(self) -> list[float]:
         return [s.bytes / s.seconds for s in self.samples]
+
+    @property
+    def node_bytes_per_s(self) -> float:
+        """Per node, data only: the geometric mean over the node samples (the lognormal
+        fit's median, the figure the job model scales and `sweep` prints)."""
+        return 1.0 / LogNormalFit.of(s.seconds_per_byte for s in self.samples).median
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,7 @@ class Measurement:
     file_bytes: float | None  # mean bytes per file of the plan as run
     chunk_bytes: float | None  # mean bytes per chunk of the plan as run
     block_size: int | None
+    cache_option: str | None  # the run's --cache (None: not recorded)
     save: PhaseMeasurement
     restore: PhaseMeasurement | None
     asynchronous: AsyncMeasurement | None = None  # --mode async runs
@@ -179,11 +189,16 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
         if s.get("phase") not in PHASES:
             raise results_error(where, f"summary record of phase {s.get('phase')!r}; allowed: save, restore")
     caches = {s["phase"]: s.get("cache") for s in loaded["summary"]}
+    shown = {s["phase"]: {"headline": throughput.headline(s),
+                          "throughput_bytes_per_s": s["throughput_bytes_per_s"]}
+             for s in loaded["summary"] if "throughput_bytes_per_s" in s}
     save = _phase(records, "save", None)
     if save is None:
         raise results_error(where, "no successful save with rank records (not the results of `ckptbench run`"
                            " or every save failed)")
     restore = _phase(records, "restore", caches.get("restore"))
+    save = replace(save, **shown.get("save", {}))
+    restore = restore and replace(restore, **shown.get("restore", {}))
     run = loaded["run"]
     plan = run.get("plan") or {}
     first = [r for r in records if r.get("type") == "rank" and r.get("phase") == "save"
@@ -204,6 +219,7 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
         file_bytes=total / files if total and files else None,
         chunk_bytes=total / chunks if total and chunks else None,
         block_size=options.get("block_size"),
+        cache_option=options.get("cache"),
         save=save,
         restore=restore,
         asynchronous=async_of(loaded.get("async", []), where, str(path)),

@@ -28,11 +28,7 @@ from ckptbench.jobmodel.checks import Finding, combined_command, findings, refus
 from ckptbench.jobmodel.measured import Measurement, PhaseMeasurement
 from ckptbench.jobmodel.stragglers import LogNormalFit, expected_max
 from ckptbench.jobmodel.target import Target
-from ckptbench.units import format_size
-
-
-def _rate(bytes_per_s: float) -> str:
-    return f"{format_size(bytes_per_s, binary=False)}/s"
+from ckptbench.units import format_bytes, format_rate
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,9 @@ class JobEstimate:
                                          "max": max(rates)},
                     "rank_bytes_per_s": dict(zip(("min", "median", "max"), p.rank_throughput,
                                                  strict=True)),
-                    "metadata_s": p.metadata_s, "cache": p.cache}
+                    "metadata_s": p.metadata_s, "cache": p.cache,
+                    "throughput_bytes_per_s": p.throughput_bytes_per_s,
+                    "node_bytes_per_s_geometric_mean": p.node_bytes_per_s}
 
         return {
             "measurement": {
@@ -128,21 +126,21 @@ class JobEstimate:
                    " spread between nodes)" if m.nodes == 1 else ""
         out = [
             f"per node: time = the node's bytes x the measured seconds per byte of a node with"
-            f" {m.ranks_per_node} ranks (save {_rate(s.node_bandwidth)} per node: the fit's median,"
-            " the geometric mean of the samples)",
+            f" {m.ranks_per_node} ranks (save {format_rate(s.node_bandwidth)} per node, data only:"
+            " the fit's median, the geometric mean of the samples)",
             f"nodes: {t.nodes:,} independent draws from a lognormal fit of the measured"
             f" per-node time per byte (save sigma {s.spread_sigma:.3g} from {s.samples}"
             f" samples = {m.nodes} node(s) x {m.save.iterations} iteration(s)){one_node};"
             f" all start together and the phase ends with the slowest: its expected time",
-            f"bytes per node: {t.placement} (heaviest node {format_size(t.heaviest_node_bytes, False)},"
-            f" mean {format_size(t.mean_node_bytes, False)})",
+            f"bytes per node: {t.placement} (heaviest node {format_bytes(t.heaviest_node_bytes)},"
+            f" mean {format_bytes(t.mean_node_bytes)})",
         ]
         if t.ceiling is None:
             out.append("storage: no aggregate ceiling given, so it is assumed to scale with the"
                        " nodes (give --aggregate-bandwidth)")
         else:
             binding = [p.phase for p in (self.save, self.restore) if p is not None and p.capped]
-            out.append(f"storage: capped at the aggregate ceiling {_rate(t.ceiling)}"
+            out.append(f"storage: capped at the aggregate ceiling {format_rate(t.ceiling)}"
                        f" ({t.total_bytes / t.ceiling:.3g} s for the whole checkpoint;"
                        f" {'binding for ' + ' and '.join(binding) if binding else 'not binding'})")
         meta = f"save {s.metadata_s:.3g} s"

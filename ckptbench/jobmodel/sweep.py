@@ -2,14 +2,15 @@
 
 A sweep file (JSON Lines, ``ckptbench.sweep/1``) has a ``sweep`` line (workload, scale,
 iterations, target) and one ``point`` line per run: its ranks per node, its results file
-(relative to the sweep file) and the per-node figures, so the curve reads without the
-results. The job model takes the point whose ranks per node match the target's.
+(relative to the sweep file), the per-node figures (per node, data only: the figure the
+job model scales) and each phase's throughput (``report.throughput``: what `run` prints
+for the same results), so the curve reads without the results. The job model takes the
+point whose ranks per node match the target's.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,14 +30,17 @@ class SweepPoint:
     ranks_per_node: int
     results: str
     bytes_per_rank: float
-    save_node_bytes_per_s: float  # median over the node samples
+    save_node_bytes_per_s: float  # per node, data only (geometric mean over node samples)
     restore_node_bytes_per_s: float | None
+    save_bytes_per_s: float | None = None  # the phase's throughput, median over iterations
+    restore_bytes_per_s: float | None = None
 
     @classmethod
     def of(cls, m: Measurement, results: str) -> SweepPoint:
-        restore = statistics.median(m.restore.node_throughputs) if m.restore else None
-        return cls(m.ranks_per_node, results, m.bytes_per_rank,
-                   statistics.median(m.save.node_throughputs), restore)
+        restore = m.restore.node_bytes_per_s if m.restore else None
+        return cls(m.ranks_per_node, results, m.bytes_per_rank, m.save.node_bytes_per_s,
+                   restore, m.save.throughput_bytes_per_s,
+                   m.restore.throughput_bytes_per_s if m.restore else None)
 
 
 def saturation(points: list[SweepPoint], phase: str = "save") -> SweepPoint | None:

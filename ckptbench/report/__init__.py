@@ -1,5 +1,6 @@
 """Records -> answers, and the answers shown: statistics (``summary``; ``asynchronous``
-for --mode async runs: blocking, persist, interference), the terminal table
+for --mode async runs: blocking, persist, interference), the one throughput every
+command prints and the names of the other rates (``throughput``), the terminal table
 (``table``), the runs' differing options (``compare``), figures (``figures``, matplotlib)
 and the self-contained HTML report (``html``).
 

@@ -159,13 +159,13 @@ def throughput_over_time(run: RunData) -> Figure:
     for it, phase, s, e in _spans(ops):
         if (it, phase) in agg:
             ax.hlines(agg[(it, phase)], s, e, colors="black", linestyles="--", lw=1)
-    ax.plot([], [], "k--", lw=1, label="iteration aggregate")
+    ax.plot([], [], "k--", lw=1, label="iteration's throughput")
     ax.set_xlim(0, t_end * 1.01)
     ax.set_ylim(bottom=0)
     ax.set_xlabel(f"seconds since the run's first op (bins of {width * 1e3:.3g} ms)")
-    ax.set_ylabel("GB/s (1e9 B/s)")
+    ax.set_ylabel("data calls' GB/s (1e9 B/s)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.set_title(f"{run.label}: throughput over time", loc="left", pad=14)
+    ax.set_title(f"{run.label}: data calls' GB/s over time", loc="left", pad=14)
     return fig
 
 
@@ -233,7 +233,7 @@ def latency(run: RunData) -> Figure:
 
 
 def iteration_spread(run: RunData) -> Figure:
-    """Aggregate GB/s of each iteration per phase, the median dashed."""
+    """The throughput (GB/s) of each iteration per phase, the median dashed."""
     fig = Figure(figsize=(WIDTH_IN, 3.0))
     ax = fig.add_subplot()
     its = run.view["iterations"]
@@ -249,7 +249,7 @@ def iteration_spread(run: RunData) -> Figure:
         ax.axhline(med, color=PHASE_COLOR[phase], ls="--", lw=1)
     ax.set_xticks(sorted({i["iteration"] for i in its}))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("aggregate GB/s")
+    ax.set_ylabel("throughput GB/s")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run.label}: iteration spread", loc="left")
@@ -281,7 +281,7 @@ def comparison(runs: Sequence[RunData]) -> Figure:
                     ax.text(x, yi, " " + fmt.format(v), va="center", fontsize=7)
     left.set_yticks(y, labels, fontsize=8)
     right.set_yticks(y, [""] * len(runs))
-    left.set_xlabel("GB/s, median over iterations (whiskers: min-max)")
+    left.set_xlabel("throughput GB/s, median over iterations (whiskers: min-max)")
     right.set_xlabel("seconds, median iteration")
     for ax in (left, right):
         ax.invert_yaxis()
@@ -301,17 +301,18 @@ def run_pictures(run: RunData) -> list[Picture]:
                 "sub-lanes) and the coordinator's commit and manifest read, on one clock. A stall "
                 "is a long bar or a gap; | marks each rank's end, red the last rank of each "
                 "phase (S1 = save of iteration 1, R1 = its restore).", png(timeline(run))),
-        Picture("throughput", "throughput over time", "Bytes of the data calls spread over "
-                "each call's duration, binned; dashed: each iteration's aggregate (its bytes over "
-                "first start to last end, commit included).", png(throughput_over_time(run))),
+        Picture("throughput", "data calls' GB/s over time", "Bytes of the data calls spread "
+                "over each call's duration, binned; dashed: each iteration's throughput (its "
+                "bytes over the phase's wall time, commit included).",
+                png(throughput_over_time(run))),
         Picture("ranks", "per-rank throughput", f"Each rank's bytes over its own span, median "
                 f"over iterations; the lowest in red ({slow}). The table's slowest rank is "
                 "another measure: the rank that finished last in the worst iteration.",
                 png(bars)),
         Picture("latency", "op latency", "Distribution of each call kind's duration: the "
                 "fraction of calls at or below a duration.", png(latency(run))),
-        Picture("iterations", "iteration spread", "Aggregate throughput of each iteration; "
-                "dashed: the median.", png(iteration_spread(run))),
+        Picture("iterations", "iteration spread", "The throughput of each iteration (bytes "
+                "over the phase's wall time); dashed: the median.", png(iteration_spread(run))),
     ]
 
 

@@ -1,9 +1,11 @@
 """Records -> answers: throughput as the trusted benchmarks define it, spread, stragglers.
 
-Aggregate throughput = total bytes / (latest end - earliest start) over all ranks; the
-save ends when the manifest is committed (what a training job waits for) and the
-restore starts with reading the manifest. Per rank: bytes / its own span. Per op:
-p50/p99 latency. Over iterations: median, min, max and spread, never one lucky number.
+Throughput (the one figure every command prints under that name, ``report.throughput``)
+= total bytes / (latest end - earliest start) over all ranks; the save ends when the
+manifest is committed (what a training job waits for) and the restore starts with
+reading the manifest. The ranks' own span (``data_seconds``) leaves those out. Per
+rank: bytes / its own span. Per op: p50/p99 latency. Over iterations: median, min, max
+and spread, never one lucky number.
 """
 
 from __future__ import annotations
@@ -68,12 +70,14 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         lat = {op: {"p50_s": _pct(v, 50), "p99_s": _pct(v, 99), "count": len(v)}
                for op, v in ops[key].items()}
         commit = phase_rec.get("commit_ns")
+        data_span = max(r["end_ns"] for r in rs) - min(r["start_ns"] for r in rs)
         out.append({
             "iteration": key[0],
             "phase": key[1],
             "bytes": total,
             "seconds": seconds,
             "throughput_bytes_per_s": total / seconds,
+            "data_seconds": max(data_span / 1e9, 1e-9),  # the ranks' span: no manifest, commit
             "ranks": len(rs),
             "nodes": len({r.get("host") for r in rs}),
             "rank_throughput_bytes_per_s": {"min": rank_tp[0], "median": statistics.median(rank_tp),
@@ -155,6 +159,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "iterations": len(sel),
             "bytes": sel[0]["bytes"],
             "seconds": statistics.median(secs),
+            "data_seconds": statistics.median(i["data_seconds"] for i in sel),
             "throughput_bytes_per_s": statistics.median(tps),
             "throughput_min": min(tps),
             "throughput_max": max(tps),

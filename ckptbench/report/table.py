@@ -17,7 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ckptbench.report import compare
+from ckptbench.report import compare, throughput
+from ckptbench.units import gbps
 
 STATS = {
     "med": "median over iterations",
@@ -70,10 +71,6 @@ class Grid:
         return max(words + [len(line) for line in self.columns[i].header.splitlines()] + [1])
 
 
-def _gbps(x: float | None) -> str:
-    return "-" if x is None else f"{x / 1e9:.3f}"
-
-
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
@@ -121,7 +118,7 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
     cols = ([Column("run", key=True, numeric=False)] if several else []) + \
         [Column(k, numeric=False) for k in keys] + [
         Column("phase", key=True, numeric=False), Column("iters"), Column("GiB"),
-        Column("s", "med"), Column("GB/s", "med"), Column("GB/s", "min-max"),
+        Column("s", "med"), Column("throughput\nGB/s", "med"), Column("GB/s", "min-max"),
         Column("min rank\nGB/s", "worst"), Column("slowest\nrank", "worst"),
         Column("slowest\nrank s", "worst"), Column("gap s", "med"), Column("op", numeric=False),
         Column("p50 ms", "all"), Column("p99 ms", "all"), Column("cache", numeric=False)]
@@ -135,15 +132,18 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
             rank_id, rank_s = _slowest(res, s)
             cache = s.get("cache") or "-"
             rows.append((*lead, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
-                         f"{s['seconds']:.3f}", _gbps(s["throughput_bytes_per_s"]),
-                         f"{_gbps(s['throughput_min'])}-{_gbps(s['throughput_max'])}",
-                         _gbps(s["rank_throughput_min_bytes_per_s"]), rank_id, f"{rank_s:.3f}",
+                         f"{s['seconds']:.3f}", gbps(s["throughput_bytes_per_s"]),
+                         f"{gbps(s['throughput_min'])}-{gbps(s['throughput_max'])}",
+                         gbps(s["rank_throughput_min_bytes_per_s"]), rank_id, f"{rank_s:.3f}",
                          f"{s['first_to_last_gap_s_median']:.3f}", op,
                          _ms(lat.get("p50_s")), _ms(lat.get("p99_s")),
                          cache if isinstance(cache, str) else ",".join(cache)))
     title, notes = _heading("ckptbench results", loaded)
     legend = "; ".join(f"{k}: {v}" for k, v in STATS.items())
-    notes += [f"GB/s = 1e9 B/s, GiB = 2^30 B. {legend}."]
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        notes += [f"{name + ': ' if name else ''}{line}"
+                  for line in throughput.headlines(res["summary"])]
+    notes += [f"{throughput.NOTE} min rank GB/s: a rank's bytes over its own span. {legend}."]
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         notes += [f"FAILED {name + ' ' if name else ''}{e['phase']} iteration {e['iteration']}: "
                   f"{e['message']}" for e in res["errors"]]
@@ -163,8 +163,8 @@ def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
             ratio = s.get("compression_ratio")
             rows.append(((name,) if several else ()) + (
                 s["phase"], codec, f"{s['bytes'] / 2**30:.3f}", f"{s['stored_bytes'] / 2**30:.3f}",
-                "-" if ratio is None else f"{ratio:.3f}", _gbps(s["throughput_bytes_per_s"]),
-                _gbps(s["stored_throughput_bytes_per_s"])))
+                "-" if ratio is None else f"{ratio:.3f}", gbps(s["throughput_bytes_per_s"]),
+                gbps(s["stored_throughput_bytes_per_s"])))
     if not rows:
         return None
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
