@@ -190,3 +190,28 @@ def test_bad_restart_options_are_one_line(args: list[str], needle: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert needle in one_line_error(capsys, "levels", *THREE, "--failure-classes", "llama3",
                                     "--gpus", "16384", *args)
+
+
+def test_plots_are_written_with_the_answer_in_their_title(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from PIL import Image
+
+    curves, hist = tmp_path / "levels.png", tmp_path / "sim.png"
+    assert main(["levels", *THREE, "--failure-classes", "llama3", "--gpus", "16384",
+                 "--plot", str(curves)]) == 0
+    text = capsys.readouterr().out
+    title = Image.open(curves).text["Title"]
+    optimum_line = next(line for line in text.splitlines() if line.startswith("optimum: "))
+    assert optimum_line.split("optimum: ")[1].split(" ->")[0] in title
+    assert main(["simulate", *THREE, "--failure-classes", "llama3", "--gpus", "1024",
+                 "--days", "3", "--replicas", "30", "--plot", str(hist)]) == 0
+    capsys.readouterr()
+    assert "30 runs of 3 days" in Image.open(hist).text["Title"]
+    # an existing plot is refused before any work, and --force replaces it
+    err = one_line_error(capsys, "simulate", *THREE, "--failure-classes", "llama3", "--gpus",
+                         "1024", "--days", "3650", "--replicas", "100000", "--plot", str(hist))
+    assert "exists there" in err
+    assert main(["levels", *THREE, "--failure-classes", "llama3", "--gpus", "1024",
+                 "--plot", str(curves), "--force"]) == 0
+    assert "1024 GPUs" in Image.open(curves).text["Title"]

@@ -317,3 +317,25 @@ def answer(levels: Sequence[Level], rates: Sequence[float], named: Schedule | No
     alone_best = optimum([alone or levels[-1]], [sum(rates)])
     mine = None if named is None else Optimum(named, efficiency(levels, rates, named))
     return LevelsAnswer(tuple(levels), tuple(rates), best, alone_best, mine)
+
+
+def level_curves(levels: Sequence[Level], rates: Sequence[float], best: Optimum,
+                 points: int = 60) -> dict[str, list[tuple[float, float]]]:
+    """Efficiency against each level's interval, the others held at the optimum: the
+    first level's interval is t (varied continuously), level k's is t times the segments
+    between its checkpoints (varied through the count below it)."""
+    t, counts = best.schedule.compute_s, best.schedule.counts
+    out: dict[str, list[tuple[float, float]]] = {}
+    first = []
+    for i in range(points):
+        ti = t * 10 ** (-1.0 + 2.0 * i / (points - 1))  # a tenth to ten times the optimum
+        first.append((ti, efficiency(levels, rates, Schedule(ti, counts))))
+    out[levels[0].name] = first
+    for k in range(1, len(levels)):
+        curve = []
+        for v in sorted({0, *range(max(0, counts[k - 1] // 4), 4 * counts[k - 1] + 3)}):
+            trial = Schedule(t, (*counts[:k - 1], v, *counts[k:]))
+            segments = math.prod(c + 1 for c in trial.counts[:k])
+            curve.append((t * segments, efficiency(levels, rates, trial)))
+        out[levels[k].name] = curve
+    return out

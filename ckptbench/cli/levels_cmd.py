@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -14,7 +15,10 @@ import click
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
+from ckptbench.cli.cadence_cmd import save_figure
+from ckptbench.cli.output_file import check_output_path
 from ckptbench.errors import SpecError
+from ckptbench.report import levels_figures
 from ckptbench.simulate import Failures, simulate
 from ckptbench.units import format_duration, parse_duration
 
@@ -63,6 +67,8 @@ class _Job:
 
 
 def _job(options: dict[str, Any]) -> _Job:
+    if options["plot"] is not None:  # before any work
+        check_output_path(options["plot"], "--plot", ".png", options["force"])
     parsed = [_level(t) for t in options["level_texts"]]
     levels = tuple(lv for lv, _ in parsed)
     scopes = tuple(s for _, s in parsed)
@@ -130,6 +136,10 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--restart-part", "part_texts", multiple=True, metavar="MECHANISM.PART=DUR",
                      help=f"A part of a restart mechanism ({', '.join(rs.PARTS)}), e.g. "
                           "warm-spare.reschedule=2min. Repeatable."),
+        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write a PNG (a new .png file): levels: efficiency against each "
+                          "level's interval, optimum marked; simulate: the goodput histogram."),
+        click.option("--force", is_flag=True, help="Replace a file or link at --plot."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text."),
     ]):
         func = option(func)
@@ -165,6 +175,8 @@ def levels_command(**options: Any) -> None:
     efficiency when cheap copies survive some failures and storage survives all."""
     job = _job(options)
     result = ml.answer(job.levels, job.rates, job.schedule, job.alone)
+    if options["plot"] is not None:
+        _plot_levels(options["plot"], options["force"], job, result)
     if options["as_json"]:
         click.echo(json.dumps({"gpus": job.gpus, **result.to_dict(),
                                "restarts": _restarts_json(job)}, indent=2))
@@ -179,6 +191,22 @@ def levels_command(**options: Any) -> None:
     if result.named is not None:
         click.echo(f"your schedule: {_describe(result.named, job.levels)} -> efficiency "
                    f"{100 * result.named.efficiency:.2f} %")
+
+
+def _plot_levels(path: Path, force: bool, job: _Job, result: ml.LevelsAnswer) -> None:
+    best = result.best
+    curves = ml.level_curves(job.levels, job.rates, best)
+    optimum, segments = {}, 1
+    for k, level in enumerate(job.levels):
+        optimum[level.name] = (best.schedule.compute_s * segments, best.efficiency)
+        if k < len(best.schedule.counts):
+            segments *= best.schedule.counts[k] + 1
+    alone = result.last_level_only
+    title = (f"{job.gpus} GPUs: {_describe(best, job.levels)}\n"
+             f"efficiency {100 * best.efficiency:.2f} % (stars: optimum)")
+    save_figure(levels_figures.interval_curves(
+        curves, optimum, (job.levels[-1].name, alone.schedule.compute_s, alone.efficiency)
+        if len(job.levels) > 1 else None, title), path, force)
 
 
 @click.command("simulate", epilog=_epilog("simulate"))
@@ -201,6 +229,11 @@ def simulate_command(**options: Any) -> None:
                 for c, level in zip(job.classes, needs, strict=True)]
     run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
                    options["replicas"], options["seed"], options["weibull_shape"])
+    if options["plot"] is not None:
+        title = (f"{run.replicas} runs of {options['days']:g} days, {job.gpus} GPUs\n"
+                 f"{_describe(schedule, job.levels)}")
+        save_figure(levels_figures.goodput_histogram(run.goodput, run.analytic, title),
+                    options["plot"], options["force"])
     if options["as_json"]:
         click.echo(json.dumps({"gpus": job.gpus, "schedule": {
             "compute_s": schedule.compute_s, "counts": list(schedule.counts)},
