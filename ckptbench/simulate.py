@@ -90,9 +90,11 @@ class _Plan:
         for v in schedule.counts:
             period.append(period[-1] * (v + 1))
         self.period = np.array(period, dtype=np.int64)  # level k every period[k] segments
-        self.save = np.array([lv.save_s for lv in levels])
+        # blocking, plus the persist's slowdown of training (as the model charges it)
+        self.save = np.array([lv.charged_save_s for lv in levels])
         self.step = np.diff(self.save, prepend=0.0)
         self.restore = np.array([lv.restore_s for lv in levels])
+        self.persist = np.array([lv.persist_s for lv in levels])
         self.t = schedule.compute_s
 
     def level_at(self, segment: np.ndarray) -> np.ndarray:
@@ -139,6 +141,38 @@ def simulate(levels: Sequence[Level], failures: Sequence[Failures], schedule: Sc
     return _run(plan, severity, clocks, wall_s, replicas, failures, analytic)
 
 
+class _Persists:
+    """Asynchronous levels: a checkpoint counts once its persist is done; a failure before
+    that loses it (the persist dies with the job's processes)."""
+
+    def __init__(self, persist: np.ndarray, n: int) -> None:
+        self.persist = persist
+        self.segment = np.zeros((n, persist.size), dtype=np.int64)
+        self.done_at = np.full((n, persist.size), np.inf)
+        self.active = bool((persist > 0).any())
+
+    def commit(self, latest: np.ndarray, now: np.ndarray, live: np.ndarray) -> None:
+        """Persists done by `now` make their checkpoint count (for its level and below)."""
+        for k in np.flatnonzero(self.persist > 0):
+            ready = live & (self.done_at[:, k] <= now)
+            if ready.any():
+                latest[ready, :k + 1] = np.maximum(latest[ready, :k + 1],
+                                                   self.segment[ready, k][:, None])
+                self.done_at[ready, k] = np.inf
+
+    def start(self, saved: np.ndarray, level: np.ndarray, segment: np.ndarray,
+              end: np.ndarray) -> np.ndarray:
+        """The saves that start a persist (their checkpoint is pending); returns them."""
+        pending: np.ndarray = saved & (self.persist[level] > 0)
+        rows = np.flatnonzero(pending)
+        self.segment[rows, level[rows]] = segment[rows]
+        self.done_at[rows, level[rows]] = end[rows] + self.persist[level[rows]]
+        return pending
+
+    def drop(self, rows: np.ndarray) -> None:
+        self.done_at[rows] = np.inf
+
+
 class _Clocks:
     """When each replica's next failure strikes, and of which class.
 
@@ -179,11 +213,10 @@ class _Clocks:
 
 def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: int,
          failures: Sequence[Failures], analytic: float) -> Simulated:
-    top = plan.top
     rows = np.arange(n)
     clock = np.zeros(n)
     segment = np.zeros(n, dtype=np.int64)
-    latest = np.zeros((n, top + 1), dtype=np.int64)  # latest checkpoint of level >= k
+    latest = np.zeros((n, plan.top + 1), dtype=np.int64)  # latest checkpoint of level >= k
     restoring = np.zeros(n, dtype=bool)
     from_level = np.zeros(n, dtype=np.int64)
     cause = np.zeros(n, dtype=np.int64)
@@ -193,6 +226,7 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
     by_class = np.zeros(len(failures))
     count = np.zeros(n)
     live = np.ones(n, dtype=bool)
+    persists = _Persists(plan.persist, n)
     while live.any():
         due = plan.level_at(segment + 1)
         length = np.where(restoring, plan.restore[from_level], plan.t + plan.save[due])
@@ -202,11 +236,15 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
         fail = live & (strike < end) & (strike < wall_s)
         done = live & ~fail & (end < wall_s)
         live &= fail | done
+        if persists.active:
+            persists.commit(latest, np.where(fail, strike, end), fail | done)
         # a phase completed: a checkpoint (its level and every level below it), or a restore
         saved = done & ~restoring
         segment = np.where(saved, segment + 1, segment)
-        latest = np.where(saved[:, None] & (np.arange(top + 1)[None, :] <= due[:, None]),
-                          segment[:, None], latest)
+        counts_now = saved & ~persists.start(saved, due, segment, end) if persists.active \
+            else saved
+        below = np.arange(plan.top + 1)[None, :] <= due[:, None]
+        latest = np.where(counts_now[:, None] & below, segment[:, None], latest)
         finished = done & restoring
         restore += np.where(finished, length, 0.0)
         by_class += np.bincount(cause[finished], weights=length[finished],
@@ -217,15 +255,17 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
             idx = np.flatnonzero(fail)
             t_fail = strike[idx]
             c = clocks.strike(next_failure, idx, first[idx], t_fail)
+            if persists.active:
+                persists.drop(idx)
             spent = t_fail - clock[idx]
             count[idx] += 1
             need = severity[c]
             was_restoring = restoring[idx]
             k = from_level[idx]
             # a restore hit by a lesser failure (or any, at the top) simply starts again
-            retry = was_restoring & ((need < k) | (k == top))
+            retry = was_restoring & ((need < k) | (k == plan.top))
             need = np.where(was_restoring & ~retry, np.maximum(need, k + 1), need)
-            need = np.minimum(need, top)
+            need = np.minimum(need, plan.top)
             restore[idx] += np.where(was_restoring, spent, 0.0)
             rework[idx] += np.where(was_restoring, 0.0, spent)
             back = ~retry
@@ -245,13 +285,12 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
             cause[idx] = c
             clock[idx] = t_fail
     # the run ends at wall_s in the middle of a phase: compute done so far counts as work
-    tail = np.where(restoring, 0.0, np.minimum(wall_s - clock, plan.t))
-    cut = np.where(restoring, wall_s - clock, 0.0)
+    left = wall_s - clock
+    cut = np.where(restoring, left, 0.0)
     restore += cut
     by_class += np.bincount(cause, weights=cut, minlength=len(failures))
-    useful = segment * plan.t + tail
-    blocking = plan.saved_s(segment) + np.where(restoring, 0.0,
-                                                np.maximum(wall_s - clock - plan.t, 0.0))
+    useful = segment * plan.t + np.where(restoring, 0.0, np.minimum(left, plan.t))
+    blocking = plan.saved_s(segment) + np.where(restoring, 0.0, np.maximum(left - plan.t, 0.0))
     return Simulated(
         replicas=n, wall_s=wall_s, goodput=tuple((useful / wall_s).tolist()),
         blocking=float(blocking.mean() / wall_s), rework=float(rework.mean() / wall_s),

@@ -109,3 +109,29 @@ def test_bad_input_is_one_line_naming_it(levels: list[Level], rates: list[float]
 def test_no_failures_at_all_has_no_optimum() -> None:
     with pytest.raises(SpecError, match="all 0"):
         optimum([Level("storage", 60.0, 600.0)], [0.0])
+
+
+def test_an_asynchronous_level_is_charged_as_the_one_level_cadence_charges_it() -> None:
+    from ckptbench.cadence.answer import CheckpointCost
+
+    cost = CheckpointCost(2.0, 600.0, 51.0, 0.1)
+    level = Level("storage", 2.0, 600.0, persist_s=51.0, interference=0.1)
+    mtbf = 3 * 3600.0
+    for tau in (60.0, 300.0, 900.0):
+        assert efficiency([level], [1 / mtbf], Schedule(tau, ())) == pytest.approx(
+            formulas.efficiency(tau, cost.effective_save_s, cost.effective_restore_s, mtbf),
+            rel=1e-12)
+    # one persist in flight at a time: an interval shorter than the persist is not a schedule
+    assert efficiency([level], [1 / mtbf], Schedule(50.0, ())) == 0.0
+    best = optimum([level], [1 / mtbf])
+    assert best.schedule.compute_s >= 51.0 and best.efficiency > 0.9
+
+
+def test_the_persist_floor_binds_each_level_at_its_own_interval() -> None:
+    """Storage persists in 600 s; with 4 peer copies between storage copies, t >= 120 s."""
+    levels = [Level("peer", 3.0, 90.0), Level("storage", 3.0, 300.0, persist_s=600.0)]
+    rates = [1 / 600.0, 1 / 7200.0]  # failures so frequent that the optimum wants t < floor
+    assert efficiency(levels, rates, Schedule(119.0, (4,))) == 0.0
+    assert efficiency(levels, rates, Schedule(121.0, (4,))) > 0.0
+    best = optimum(levels, rates)
+    assert best.schedule.compute_s * (best.schedule.counts[0] + 1) >= 600.0

@@ -87,6 +87,9 @@ def test_text_names_each_level_and_the_schedule() -> None:
     ([*THREE, "--schedule", "5min:3"], "1 counts given; allowed: one per level below the top (2)"),
     ([*THREE, "--schedule", "5min:a,b"], "allowed: DUR[:V1,V2,...]"),
     (["--level", "storage:-1s:30s:job"], "--level storage SAVE"),
+    (["--level", "storage:3s:30s:job:51s:150%"], "--level storage INTERFERENCE '150%'"),
+    (["--level", "storage:3s:30s:job:x"], "--level storage PERSIST"),
+    (["--level", "a:1s:1s:job:1s:1%:extra"], "allowed: NAME:SAVE:RESTORE:SCOPE[:PERSIST"),
 ])
 def test_bad_input_is_one_line(args: list[str], needle: str,
                                capsys: pytest.CaptureFixture[str]) -> None:

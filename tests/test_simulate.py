@@ -89,3 +89,17 @@ def test_bad_or_unbounded_input_is_refused_before_work(kwargs: dict, message: st
 def test_a_class_needing_a_missing_level_is_refused() -> None:
     with pytest.raises(SpecError, match="level 3 is not one of the 1 levels"):
         simulate(STORAGE, [Failures("x", 1 / HOUR, 3)], Schedule(900.0, ()), DAY, replicas=2)
+
+
+def test_a_failure_during_a_persist_loses_that_checkpoint() -> None:
+    """The simulation plays the persist window out (the model charges it as R + L): the
+    longer the persist, the lower the goodput, and the model stays close."""
+    rates = [Failures("all", 1 / HOUR, 0)]
+    runs = {}
+    for persist in (0.0, 200.0):
+        level = [Level("storage", 2.0, 600.0, persist_s=persist)]
+        runs[persist] = simulate(level, rates, Schedule(300.0, ()), 20 * DAY, replicas=300,
+                                 seed=17)
+    assert runs[200.0].mean < runs[0.0].mean - 0.01
+    for run in runs.values():
+        assert run.analytic is not None and abs(run.mean - run.analytic) < 0.005

@@ -42,11 +42,30 @@ class Hopeless(ArithmeticError):
 
 @dataclass(frozen=True)
 class Level:
-    """One checkpoint level: what a save blocks and what a restore from it takes (s)."""
+    """One checkpoint level: what a save blocks and what a restore from it takes (s).
+
+    An asynchronous level also has a persist (``persist_s``: after the blocking part, the
+    copy is written in the background and counts only once it is done) and the
+    ``interference`` it causes (training steps run that much slower meanwhile). As in the
+    one-level cadence (``cadence.answer.CheckpointCost``), the model charges the slowdown
+    to the save (``L i / (1 + i)``), a failure inside the persist window to the restore
+    (``+ L``: it falls back one checkpoint), and one persist in flight at a time bounds
+    the level's interval from below (``>= L``).
+    """
 
     name: str
     save_s: float
     restore_s: float
+    persist_s: float = 0.0
+    interference: float = 0.0
+
+    @property
+    def charged_save_s(self) -> float:
+        return self.save_s + self.persist_s * self.interference / (1.0 + self.interference)
+
+    @property
+    def charged_restore_s(self) -> float:
+        return self.restore_s + self.persist_s
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,8 @@ def _check(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) 
     for level in levels:
         non_negative(f"level {level.name} save_s", level.save_s)
         non_negative(f"level {level.name} restore_s", level.restore_s)
+        non_negative(f"level {level.name} persist_s", level.persist_s)
+        non_negative(f"level {level.name} interference", level.interference)
     for i, rate in enumerate(rates, 1):
         non_negative(f"failure rate of severity {i}", rate)
     positive("compute_s", schedule.compute_s)
@@ -187,13 +208,13 @@ def period_seconds(levels: Sequence[Level], rates: Sequence[float],
     padded = (0.0, *map(float, rates))
     t = schedule.compute_s
     v = (0, *schedule.counts, 1)
-    restores = [_exposed(lv.restore_s, padded) for lv in levels]
+    restores = [_exposed(lv.charged_restore_s, padded) for lv in levels]
 
     @cache
     def unprotected(k: int, c: int) -> Phase:
         """From the latest level-k checkpoint to a level-c one, failures not yet absorbed."""
         if k == 1:
-            return _exposed(t + levels[c - 1].save_s, padded)
+            return _exposed(t + levels[c - 1].charged_save_s, padded)
         if v[k - 1] == 0:
             return unprotected(k - 1, c)
         rest = _then(_repeat(protected(k - 1, k - 1), v[k - 1] - 1), protected(k - 1, c))
@@ -207,7 +228,15 @@ def period_seconds(levels: Sequence[Level], rates: Sequence[float],
 
 
 def efficiency(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) -> float:
-    """Useful compute over expected wall time, in [0, 1]."""
+    """Useful compute over expected wall time, in [0, 1]; 0 where a level's interval is
+    shorter than its persist (one persist in flight at a time)."""
+    _check(levels, rates, schedule)
+    segments = 1
+    for k, level in enumerate(levels):
+        if schedule.compute_s * segments < level.persist_s:
+            return 0.0
+        if k < len(schedule.counts):
+            segments *= schedule.counts[k] + 1
     try:
         period = period_seconds(levels, rates, schedule)
     except Hopeless:
@@ -223,7 +252,13 @@ class Optimum:
 
 def _best_compute(levels: Sequence[Level], rates: Sequence[float],
                   counts: tuple[int, ...], lo: float, hi: float) -> Optimum:
-    """Golden-section search of log(t) for one set of counts (efficiency is unimodal in t)."""
+    """Golden-section search of log(t) for one set of counts (efficiency is unimodal in t
+    above the floor the persists set: level k's interval, t times its segments, >= L_k)."""
+    segments = [math.prod(v + 1 for v in counts[:k]) for k in range(len(levels))]
+    floor = max(lv.persist_s / n for lv, n in zip(levels, segments, strict=True))
+    lo = max(lo, floor * (1.0 + 1e-12))
+    hi = max(hi, lo * 10.0)
+
     def score(log_t: float) -> float:
         try:
             return efficiency(levels, rates, Schedule(math.exp(log_t), counts))
@@ -303,6 +338,7 @@ class LevelsAnswer:
                                            "counts": list(o.schedule.counts),
                                            "efficiency": o.efficiency}
         return {"levels": [{"name": lv.name, "save_s": lv.save_s, "restore_s": lv.restore_s,
+                            "persist_s": lv.persist_s, "interference": lv.interference,
                             "failure_rate_per_s": r}
                            for lv, r in zip(self.levels, self.rates, strict=True)],
                 "optimum": point(self.best), "last_level_only": point(self.last_level_only),

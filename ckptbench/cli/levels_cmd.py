@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +20,24 @@ from ckptbench.cli.output_file import check_output_path
 from ckptbench.errors import SpecError
 from ckptbench.report import levels_figures
 from ckptbench.simulate import Failures, simulate
-from ckptbench.units import format_duration, parse_duration
+from ckptbench.units import format_duration, parse_duration, parse_fraction
 
 
 def _level(text: str) -> tuple[ml.Level, str]:
+    """NAME:SAVE:RESTORE:SCOPE[:PERSIST[:INTERFERENCE]]."""
     parts = text.split(":")
-    if len(parts) != 4 or not parts[0].strip():
-        raise SpecError(f"--level {text!r}: allowed: NAME:SAVE:RESTORE:SCOPE, e.g. "
-                        f"memory:2s:20s:process (scope {'|'.join(fc.SCOPES)})")
+    if not 4 <= len(parts) <= 6 or not parts[0].strip():
+        raise SpecError(f"--level {text!r}: allowed: NAME:SAVE:RESTORE:SCOPE[:PERSIST"
+                        f"[:INTERFERENCE]], e.g. memory:2s:20s:process or storage:3s:129s:job:"
+                        f"51s:10% (scope {'|'.join(fc.SCOPES)})")
     name = parts[0].strip()
     save = parse_duration(parts[1], f"--level {name} SAVE", "s")
     restore = parse_duration(parts[2], f"--level {name} RESTORE", "s")
-    return ml.Level(name, save, restore), parts[3].strip()
+    persist = parse_duration(parts[4], f"--level {name} PERSIST", "s") if len(parts) > 4 \
+        else 0.0
+    interference = parse_fraction(parts[5], f"--level {name} INTERFERENCE") \
+        if len(parts) > 5 else 0.0
+    return ml.Level(name, save, restore, persist, interference), parts[3].strip()
 
 
 def _schedule(text: str, levels: int) -> ml.Schedule:
@@ -80,9 +86,9 @@ def _job(options: dict[str, Any]) -> _Job:
     chosen = rs.by_scope(options["restart_texts"])
     restart = rs.per_level(scopes, classes, gpus, per_node, mechanisms, chosen)
     last = levels[-1]
-    alone = ml.Level(last.name, last.save_s, last.restore_s + rs.per_level(
+    alone = replace(last, restore_s=last.restore_s + rs.per_level(
         scopes[-1:], classes, gpus, per_node, mechanisms, chosen)[0])
-    levels = tuple(ml.Level(lv.name, lv.save_s, lv.restore_s + r)
+    levels = tuple(replace(lv, restore_s=lv.restore_s + r)
                    for lv, r in zip(levels, restart, strict=True))
     text = options["schedule_text"]
     return _Job(levels, scopes, tuple(restart), alone, mechanisms, chosen, classes, rates,
@@ -149,7 +155,10 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def _print_levels(job: _Job) -> None:
     for level, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
                                            strict=True):
-        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}  restart + "
+        persist = "" if not level.persist_s else (
+            f" + persist {format_duration(level.persist_s)}"
+            + (f" at {100 * level.interference:.3g} % slower steps" if level.interference else ""))
+        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}{persist}  restart + "
                    f"restore {format_duration(level.restore_s):>8} (restart "
                    f"{format_duration(restart)})  survives {scope:<7}  "
                    f"{rate * 86400:8.3g} failures/day need it")
