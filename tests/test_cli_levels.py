@@ -218,3 +218,41 @@ def test_plots_are_written_with_the_answer_in_their_title(tmp_path: Path,
     assert main(["levels", *THREE, "--failure-classes", "llama3", "--gpus", "1024",
                  "--plot", str(curves), "--force"]) == 0
     assert "1024 GPUs" in Image.open(curves).text["Title"]
+
+
+def test_failure_classes_from_a_toml_file(tmp_path: Path) -> None:
+    classes = tmp_path / "classes.toml"
+    classes.write_text('source = "our cluster, 2026"\n'
+                       '[[class]]\nname = "xid"\nscope = "node"\nrate = 2e-5\n'
+                       '[[class]]\nname = "fabric"\nscope = "group"\nrate = 0.01\nunit = "job"\n')
+    out = json.loads(levels("--level", "peer:3s:90s:node", "--level", "storage:60s:10min:job",
+                            "--failure-classes", str(classes), "--gpus", "1024", "--json",
+                            *NO_RESTART).stdout)
+    rates = [lv["failure_rate_per_s"] for lv in out["levels"]]
+    assert rates == pytest.approx([2e-5 * 1024 / 3600, 0.01 / 3600])
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ("[[class]]\nname = 'x'\nscope = 'node'\nrate = 'often'\n", "rate = 'often' must be a number"),
+    ("[[class]]\nname = 'x'\nscope = 'rack'\nrate = 1.0\n", "scope 'rack' is not known"),
+    ("[[class]]\nname = 'x'\nscope = 'node'\nrate = 1.0\nmtbf = 3\n", "unknown key 'mtbf'"),
+    ("[failures]\n", "unknown key 'failures'"),
+    ("class = 3\n", "allowed: 1 to 1000 [[class]] tables"),
+    ("[[class]\n", "not TOML"),
+])
+def test_a_bad_classes_file_is_one_line(tmp_path: Path, body: str, needle: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    classes = tmp_path / "classes.toml"
+    classes.write_text(body)
+    assert needle in one_line_error(capsys, "levels", *THREE, "--failure-classes", str(classes),
+                                    "--gpus", "16")
+
+
+def test_a_classes_file_that_is_a_fifo_is_refused_without_waiting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    fifo = tmp_path / "classes.toml"
+    os.mkfifo(fifo)
+    assert "is a FIFO" in one_line_error(capsys, "levels", *THREE, "--failure-classes",
+                                         str(fifo), "--gpus", "16")

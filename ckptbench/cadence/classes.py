@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ckptbench.cadence.formulas import SECONDS_PER_HOUR, non_negative
 from ckptbench.errors import SpecError
+from ckptbench.fields import read_small_text, shown
+
+MAX_CLASSES_FILE = 1 << 20
+MAX_CLASSES = 1000
 
 SCOPES = ("process", "node", "group", "job")
 UNITS = ("gpu", "host", "job")
@@ -90,11 +96,50 @@ def parse_class(text: str) -> FailureClass:
                         parts[3].strip() if len(parts) == 4 else "gpu")
 
 
+def load_classes(path: Path) -> tuple[FailureClass, ...]:
+    """A TOML file of ``[[class]]`` tables: ``name``, ``scope``, ``rate`` (per unit-hour)
+    and optionally ``unit`` (gpu, host or job; default gpu)."""
+    text = read_small_text(path, MAX_CLASSES_FILE, "a TOML file of [[class]] tables")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not TOML ({exc})") from None
+    unknown = set(data) - {"class", "source"}
+    if unknown:
+        raise SpecError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: [[class]], source")
+    tables = data.get("class")
+    if not isinstance(tables, list) or not tables or len(tables) > MAX_CLASSES:
+        raise SpecError(f"{path}: allowed: 1 to {MAX_CLASSES} [[class]] tables")
+    out = []
+    for i, table in enumerate(tables, 1):
+        where = f"{path}: [[class]] {i}"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where}: must be a table")
+        extra = set(table) - {"name", "scope", "rate", "unit"}
+        if extra:
+            raise SpecError(f"{where}: unknown key {sorted(extra)[0]!r}; allowed: name, scope, "
+                            "rate, unit")
+        name, rate = table.get("name"), table.get("rate")
+        if not isinstance(name, str) or not name.strip():
+            raise SpecError(f"{where}: name = {shown(name)} must be a non-empty string")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
+            raise SpecError(f"{where} ({name}): rate = {shown(rate)} must be a number >= 0 "
+                            "(failures per unit-hour)")
+        scope, unit = table.get("scope"), table.get("unit", "gpu")
+        if not isinstance(scope, str) or not isinstance(unit, str):
+            raise SpecError(f"{where} ({name}): scope and unit must be strings")
+        out.append(FailureClass(name.strip(), scope, float(rate), unit))
+    return tuple(out)
+
+
 def classes_from(preset: str | None, given: Sequence[FailureClass]) -> tuple[FailureClass, ...]:
-    """A preset's classes and/or the classes given; at least one."""
+    """A preset's classes (or a TOML file's, for a name ending in .toml) and/or the classes
+    given; at least one."""
+    if preset is not None and preset.endswith(".toml"):
+        return (*load_classes(Path(preset)), *given)
     if preset is not None and preset not in CLASS_PRESETS:
         raise SpecError(f"--failure-classes {preset!r} is not known; allowed: "
-                        f"{', '.join(CLASS_PRESETS)}")
+                        f"{', '.join(CLASS_PRESETS)} or a .toml file of [[class]] tables")
     out = (*(CLASS_PRESETS[preset][1] if preset else ()), *given)
     if not out:
         raise SpecError("failure classes are required: --failure-classes PRESET or "

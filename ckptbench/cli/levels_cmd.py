@@ -122,8 +122,10 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="A checkpoint level, cheapest first: blocking save and restore time "
                           "(bare number: seconds) and the widest failure scope its copy survives"
                           f" ({', '.join(fc.SCOPES)}). Repeatable."),
-        click.option("--failure-classes", "preset", metavar="PRESET",
-                     help=f"Failure classes with their scopes: {', '.join(fc.CLASS_PRESETS)}."),
+        click.option("--failure-classes", "preset", metavar="PRESET|FILE.toml",
+                     help=f"Failure classes with their scopes: {', '.join(fc.CLASS_PRESETS)}, "
+                          "or a TOML file of [[class]] tables (name, scope, rate per unit-hour, "
+                          "unit)."),
         click.option("--failure-class", "class_texts", multiple=True,
                      metavar="NAME:SCOPE:RATE[:UNIT]",
                      help="A failure class: its scope, rate per unit-hour, unit gpu|host|job "
