@@ -43,10 +43,17 @@ from ckptbench.formats.common import (
     chunk_tasks,
     manifest_name,
 )
+from ckptbench.formats.dcp_load import (
+    TimedReader,
+    allocate_pieces,
+    check_load_processes,
+    verify_pieces,
+)
 from ckptbench.formats.dcp_s3 import s3torch_storage
 from ckptbench.formats.verify import check_object, describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
+from ckptbench.plan.restore import restore_pieces, restore_plan_of
 
 DCP_DIR = "dcp"
 DCP_METADATA = f"{DCP_DIR}/.metadata"
@@ -158,14 +165,22 @@ class TorchDcpFormat(FormatBase):
     @classmethod
     def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
                      alignment: int) -> int:
-        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound it)."""
-        return super().memory_bytes(plan, ranks, options, alignment) + plan.bytes_of_ranks(ranks)
+        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound
+        it); on restore a rank's pieces (at most the saved chunks it reads)."""
+        restore = int(restore_plan_of(plan).rank_bytes().max(initial=0))
+        return (super().memory_bytes(plan, ranks, options, alignment)
+                + max(plan.bytes_of_ranks(ranks), restore))
+
+    @classmethod
+    def check_restore(cls, plan: Plan, groups: list[list[int]], shift: int) -> None:
+        check_load_processes(plan, groups, shift)
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
         super().__init__(plan, ranks, backend, group, options, progress)
         self.torch = _import_torch()
         self._pg_ready = False
+        self._load_groups: dict[tuple[int, ...], Any] = {}
 
     # --- where DCP writes ---
     def _url(self, ckpt: str) -> tuple[str, dict[str, Any]]:
@@ -229,6 +244,22 @@ class TorchDcpFormat(FormatBase):
         dist.init_process_group("gloo", store=store, rank=self.group.rank,
                                 world_size=self.group.size)
         self._pg_ready = True
+
+    def _load_group(self, hosting: bool) -> tuple[Any, bool]:
+        """(process group, no_dist) of DCP's load: the processes hosting a rank of the
+        restore layout (collective: every process calls it)."""
+        members = self.group.bcast(self.group.gather(hosting))
+        idx = tuple(p for p, h in enumerate(members) if h)
+        if len(idx) <= 1:
+            return None, True
+        self._process_group()
+        if len(idx) == self.group.size:
+            return None, False
+        if idx not in self._load_groups:
+            import torch.distributed as dist
+
+            self._load_groups[idx] = dist.new_group(ranks=list(idx), backend="gloo")
+        return self._load_groups[idx], False
 
     @classmethod
     def written_names(cls, plan: Plan, groups: list[list[int]],
@@ -366,3 +397,47 @@ class TorchDcpFormat(FormatBase):
                         f"(DCP {ckpt}/{DCP_DIR}): "
                         + describe_difference(got, np.ascontiguousarray(want).reshape(-1).view(np.uint8)))
         return [res], (t0, t1)
+
+    # --- restore onto the restore layout (ckptbench.formats.dcp_load) ---
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int]
+                       ) -> list[ThreadResult]:
+        """dcp.load by the restore rank this process hosts (if any), into its pieces of the
+        restore layout; `jobs`: the saved chunks the plan says it reads (verified)."""
+        import torch.distributed.checkpoint as dcp
+
+        if len(ranks) > 1:
+            raise SpecError(f"--format torch-dcp: {len(ranks)} restore ranks in one process; "
+                            "allowed: one (DCP loads one rank per process)")
+        ckpt = manifest_key[: len(manifest_key) - len(self.plan.manifest) - 1]
+        self.group.barrier()  # the eviction's gather is over on process 0
+        manifest, _ = self._open_checkpoint(ckpt, manifest_key, jobs)  # off the clock
+        res = ThreadResult()
+        held = allocate_pieces(self.plan, restore_pieces(restore_plan_of(self.plan), ranks[0])
+                               ) if ranks else {}
+        torch = self.torch
+        state = {self.plan.keys[k].name: PlannedChunks(
+            self.plan.keys[k].global_shape,
+            [(off, torch.from_numpy(a).view(_torch_dtype(torch, self.plan.keys[k].dtype)))])
+            for k, (off, a) in held.items()}
+        group, no_dist = self._load_group(bool(ranks))
+        _, planner = _planners()
+        self.group.barrier()
+        if not ranks:
+            return [res]
+        reader = TimedReader(self._reader(ckpt))
+        a = now()
+        try:
+            dcp.load(state, storage_reader=reader.reader, planner=planner,
+                     process_group=group, no_dist=no_dist)
+        except BaseException as exc:
+            res.error = exc
+        b = now()
+        reader.count()
+        res.op("dcp_load", jobs[0].index if jobs else 0, reader.read_bytes, a, b,
+               {"object": f"{DCP_DIR}/", "container_bytes": reader.container_bytes,
+                "read_items": reader.items, "parts": reader.parts(a, b)}, rank=ranks[0])
+        self.progress(reader.read_bytes)
+        if res.error is None:
+            res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest["files"],
+                                           f"DCP {ckpt}/{DCP_DIR}")
+        return [res]
