@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,29 @@ def check_load_processes(plan: Plan, groups: list[list[int]], shift: int) -> Non
             f"({world} ranks) and this run has {len(groups)} processes; allowed: a restore "
             f"layout of at most {len(groups)} ranks (--restore-world-size), --format raw, "
             "or --restore-plan files")
+
+
+def load_group(group: Any, hosting: bool, problem: BaseException | None,
+               init: Callable[[], None], made: dict[tuple[int, ...], Any]) -> tuple[Any, bool]:
+    """(process group, no_dist) of DCP's load: the processes of the run's `group` hosting
+    a rank of the restore layout. Collective: every process calls it, and every one raises
+    the first `problem` any had, so none waits for a process that gave up. `init` starts
+    the run's torch process group; `made` keeps the groups made, by members."""
+    members = group.bcast(group.gather((hosting, problem)))
+    problem = next((p for _, p in members if p is not None), None)
+    if problem is not None:
+        raise problem
+    idx = tuple(p for p, (h, _) in enumerate(members) if h)
+    if len(idx) <= 1:
+        return None, True  # one DCP rank: no collectives
+    init()
+    if len(idx) == group.size:
+        return None, False
+    if idx not in made:
+        import torch.distributed as dist
+
+        made[idx] = dist.new_group(ranks=list(idx), backend="gloo")
+    return made[idx], False
 
 
 class TimedReader:
@@ -166,5 +190,5 @@ def verify_pieces(plan: Plan, gen: PayloadGenerator, jobs: list[FileJob],
     return out
 
 
-__all__ = ["PARTS", "TimedReader", "allocate_pieces", "check_load_processes",
+__all__ = ["PARTS", "TimedReader", "allocate_pieces", "check_load_processes", "load_group",
            "verify_pieces"]

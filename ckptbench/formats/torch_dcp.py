@@ -14,8 +14,10 @@ its ``.metadata`` as in training. DCP's files go to ``<checkpoint>/dcp/`` becaus
 ``.metadata`` and ckptbench's manifest share a name.
 
 Timing: one op per process, ``dcp_save`` (planning collectives, writes, fsync, DCP's
-metadata commit) and on restore ``dcp_load`` into freshly allocated tensors of the same
-chunks; every chunk's digest is checked after the load (outside the op). The whole
+metadata commit). On restore, ``dcp_load`` by every rank of the restore layout into its
+pieces there (:mod:`ckptbench.formats.dcp_load`); with ``--restore-plan files`` by every
+process into fresh tensors of the chunks it wrote. Digests are checked after the load
+(outside the op). The whole
 state is generated in memory before the clock starts, as it would sit in a trainer
 (``--prefill`` does not bound it). Runs must cover every plan rank: DCP refuses a
 global plan whose chunks do not cover each tensor.
@@ -47,6 +49,7 @@ from ckptbench.formats.dcp_load import (
     TimedReader,
     allocate_pieces,
     check_load_processes,
+    load_group,
     verify_pieces,
 )
 from ckptbench.formats.dcp_s3 import s3torch_storage
@@ -245,21 +248,8 @@ class TorchDcpFormat(FormatBase):
                                 world_size=self.group.size)
         self._pg_ready = True
 
-    def _load_group(self, hosting: bool) -> tuple[Any, bool]:
-        """(process group, no_dist) of DCP's load: the processes hosting a rank of the
-        restore layout (collective: every process calls it)."""
-        members = self.group.bcast(self.group.gather(hosting))
-        idx = tuple(p for p, h in enumerate(members) if h)
-        if len(idx) <= 1:
-            return None, True
-        self._process_group()
-        if len(idx) == self.group.size:
-            return None, False
-        if idx not in self._load_groups:
-            import torch.distributed as dist
-
-            self._load_groups[idx] = dist.new_group(ranks=list(idx), backend="gloo")
-        return self._load_groups[idx], False
+    def _load_group(self, hosting: bool, problem: BaseException | None) -> tuple[Any, bool]:
+        return load_group(self.group, hosting, problem, self._process_group, self._load_groups)
 
     @classmethod
     def written_names(cls, plan: Plan, groups: list[list[int]],
@@ -412,14 +402,19 @@ class TorchDcpFormat(FormatBase):
         self.group.barrier()  # the eviction's gather is over on process 0
         manifest, _ = self._open_checkpoint(ckpt, manifest_key, jobs)  # off the clock
         res = ThreadResult()
-        held = allocate_pieces(self.plan, restore_pieces(restore_plan_of(self.plan), ranks[0])
-                               ) if ranks else {}
-        torch = self.torch
-        state = {self.plan.keys[k].name: PlannedChunks(
-            self.plan.keys[k].global_shape,
-            [(off, torch.from_numpy(a).view(_torch_dtype(torch, self.plan.keys[k].dtype)))])
-            for k, (off, a) in held.items()}
-        group, no_dist = self._load_group(bool(ranks))
+        held: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        state: dict[str, Any] = {}
+        problem: BaseException | None = None
+        try:
+            if ranks:
+                held = allocate_pieces(self.plan, restore_pieces(restore_plan_of(self.plan),
+                                                                 ranks[0]))
+            keys, torch = self.plan.keys, self.torch
+            state = {keys[k].name: PlannedChunks(keys[k].global_shape, [(off, torch.from_numpy(
+                a).view(_torch_dtype(torch, keys[k].dtype)))]) for k, (off, a) in held.items()}
+        except BaseException as exc:  # agreed on in _load_group
+            problem = exc
+        group, no_dist = self._load_group(bool(ranks), problem)
         _, planner = _planners()
         self.group.barrier()
         if not ranks:
