@@ -389,12 +389,14 @@ class TorchDcpFormat(FormatBase):
         return [res], (t0, t1)
 
     # --- restore onto the restore layout (ckptbench.formats.dcp_load) ---
-    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int]
-                       ) -> list[ThreadResult]:
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
+                       filled: dict[str, Any] | None = None) -> list[ThreadResult]:
         """dcp.load by the restore rank this process hosts (if any), into its pieces of the
-        restore layout; `jobs`: the saved chunks the plan says it reads (verified)."""
+        restore layout; `jobs`: the saved chunks the plan says it reads (verified). No
+        fill-ins (`filled`): a torch-dcp run saves every rank."""
         import torch.distributed.checkpoint as dcp
 
+        del filled
         if len(ranks) > 1:
             raise SpecError(f"--format torch-dcp: {len(ranks)} restore ranks in one process; "
                             "allowed: one (DCP loads one rank per process)")

@@ -62,7 +62,6 @@ from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
 from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
-from ckptbench.spec import ParallelSpec
 
 
 def _restore_ranks(my_ranks: list[int], all_ranks: list[int], shift: int) -> list[int]:
@@ -262,14 +261,14 @@ def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
     if rplan is None:
         planned = plan.bytes_of_ranks(all_ranks)
         return {"restore_plan": "files", "restore_world_size": plan.world_size,
-                "restore_layout": layout_facts(plan.workload.parallel),
+                "restore_layout": plan.workload.parallel.label,
                 "restore_ranks": len(all_ranks), "amplification": 1.0 if planned else 0.0,
                 "planned_read_bytes": planned}
     ranks = (list(range(rplan.world_size)) if written is None
              else [r for r in all_ranks if r < rplan.world_size])
     out: dict[str, Any] = {
         "restore_plan": rplan.source, "restore_world_size": rplan.world_size,
-        "restore_layout": layout_facts(rplan.layout),
+        "restore_layout": rplan.layout.label,
         "restore_ranks": len(ranks), "amplification": rplan.amplification,
         "planned_read_bytes": rplan.bytes_of_ranks(ranks),
     }
@@ -278,12 +277,6 @@ def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
             1 for r in ranks for i in rplan.reads_of_rank(r).tolist()
             if plan.chunk_nbytes[i] and int(plan.chunk_file[i]) not in written)
     return out
-
-
-def layout_facts(p: ParallelSpec) -> dict[str, Any]:
-    """A parallel layout as the records name it."""
-    return {"layout": p.layout, "world_size": p.world_size, "tp": p.tp, "pp": p.pp,
-            "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "ep": p.ep}
 
 
 def _measured(gathered: list[PhaseReport]) -> dict[str, Any]:
