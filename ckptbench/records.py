@@ -175,8 +175,10 @@ class RestorePhaseRecord:
     verified: bool
     mismatched_chunks: int
     restore_shift: int
-    # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, amplification,
-    # planned_read_bytes, file_readers_max/median (fan-in as measured), ...
+    # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, restore_layout,
+    # amplification, planned_read_bytes; as measured: read_bytes, parts (name -> seconds of
+    # the slowest load that names them: torch-dcp's metadata/planning/data/sync),
+    # file_readers_max/median (fan-in), ...
     extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from ckptbench.cli.backend_options import backend_options, options_for_target, t
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.cli.run_cmd import RESTORE_PLANS, quiet_unless_root, restore_bytes
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
+from ckptbench.formats import check_format
 from ckptbench.formats.base import MANIFEST_SCHEMA
 from ckptbench.formats.manifest import load_manifest
 from ckptbench.measure import measure
 from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
+from ckptbench.runner.options import PLANNED_RESTORE
 from ckptbench.spec import workload_from_dict
 from ckptbench.units import parse_size
 
@@ -53,9 +55,9 @@ def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str,
     if manifest.get("schema") != MANIFEST_SCHEMA or "files" not in manifest:
         raise CkptbenchError(f"{key}: schema {manifest.get('schema')!r} is not "
                              f"{MANIFEST_SCHEMA!r}; ckptbench restores only checkpoints it wrote")
-    if manifest.get("format", "raw") != "raw":
+    if manifest.get("format", "raw") not in PLANNED_RESTORE:
         raise CkptbenchError(f"{key}: written as --format {manifest.get('format')}; allowed: "
-                             "checkpoints written with --format raw")
+                             f"checkpoints written with --format {' or '.join(PLANNED_RESTORE)}")
     if not isinstance(manifest.get("workload_spec"), dict):
         raise CkptbenchError(f"{key}: no workload_spec (written by an older ckptbench); "
                              "allowed: checkpoints of this version")
@@ -121,11 +123,13 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
                                         restore_world_size, restore_layout)
         plan = build_plan(workload)
         ranks = written_ranks(plan, manifest, prefix)
+        fmt = str(manifest.get("format", "raw"))
+        check_format(fmt, "none", plan, ranks)
         options = RunOptions(
             iterations=iterations, threads=threads or workload.checkpoint.threads,
             block_size=block, payload=str(manifest.get("payload", "random")),
             seed=int(manifest.get("seed", 0)), keep=True, restore=True, cache=cache,
-            run_id=new_run_id(), restore_shift=restore_shift or 0, format="raw",
+            run_id=new_run_id(), restore_shift=restore_shift or 0, format=fmt,
             restore_plan=restore_plan, checkpoint=prefix,
             checkpoint_iteration=int(manifest.get("iteration", 1)))
         req = RunRequest(workload=workload, plan=plan, ranks=ranks, backend=backend,

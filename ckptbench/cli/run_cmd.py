@@ -33,7 +33,7 @@ from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import load, table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
-from ckptbench.runner.options import LoopOptions
+from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
@@ -168,11 +168,13 @@ class RestoreChoice:
     layout: str | None = None
 
     def resolve(self, fmt: str) -> str:
-        """The restore plan to run: dcp for the raw format unless asked otherwise."""
-        if self.plan == "dcp" and fmt != "raw":
-            raise SpecError(f"--restore-plan dcp needs --format raw (--format {fmt} reads back "
-                            "its own files); allowed here: --restore-plan files")
-        return self.plan or ("dcp" if fmt == "raw" else "files")
+        """The restore plan to run: dcp for the raw and torch-dcp formats unless asked
+        otherwise."""
+        if self.plan == "dcp" and fmt not in PLANNED_RESTORE:
+            raise SpecError(f"--restore-plan dcp needs --format {' or '.join(PLANNED_RESTORE)} "
+                            f"(--format {fmt} reads back its own files); allowed here: "
+                            "--restore-plan files")
+        return self.plan or ("dcp" if fmt in PLANNED_RESTORE else "files")
 
 
 def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:

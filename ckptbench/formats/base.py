@@ -268,6 +268,12 @@ class FormatBase:
             raise SpecError(f"--codec {codec.name!r} needs --format zarr (--format {cls.name} "
                             "writes uncompressed bytes); allowed here: --codec none")
 
+    @classmethod
+    def check_restore(cls, plan: Plan, groups: list[list[int]], shift: int) -> None:
+        """Refuse, in one line before anything runs, a planned restore (the plan's restore
+        layout) that the processes running plan ranks `groups` cannot run. By default any."""
+        del plan, groups, shift
+
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
         return [j.key for j in jobs]

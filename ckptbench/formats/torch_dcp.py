@@ -14,8 +14,10 @@ its ``.metadata`` as in training. DCP's files go to ``<checkpoint>/dcp/`` becaus
 ``.metadata`` and ckptbench's manifest share a name.
 
 Timing: one op per process, ``dcp_save`` (planning collectives, writes, fsync, DCP's
-metadata commit) and on restore ``dcp_load`` into freshly allocated tensors of the same
-chunks; every chunk's digest is checked after the load (outside the op). The whole
+metadata commit). On restore, ``dcp_load`` by every rank of the restore layout into its
+pieces there (:mod:`ckptbench.formats.dcp_load`); with ``--restore-plan files`` by every
+process into fresh tensors of the chunks it wrote. Digests are checked after the load
+(outside the op). The whole
 state is generated in memory before the clock starts, as it would sit in a trainer
 (``--prefill`` does not bound it). Runs must cover every plan rank: DCP refuses a
 global plan whose chunks do not cover each tensor.
@@ -43,10 +45,18 @@ from ckptbench.formats.common import (
     chunk_tasks,
     manifest_name,
 )
+from ckptbench.formats.dcp_load import (
+    TimedReader,
+    allocate_pieces,
+    check_load_processes,
+    load_group,
+    verify_pieces,
+)
 from ckptbench.formats.dcp_s3 import s3torch_storage
 from ckptbench.formats.verify import check_object, describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
+from ckptbench.plan.restore import restore_pieces, restore_plan_of
 
 DCP_DIR = "dcp"
 DCP_METADATA = f"{DCP_DIR}/.metadata"
@@ -158,14 +168,22 @@ class TorchDcpFormat(FormatBase):
     @classmethod
     def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
                      alignment: int) -> int:
-        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound it)."""
-        return super().memory_bytes(plan, ranks, options, alignment) + plan.bytes_of_ranks(ranks)
+        """The ranks' whole state sits in memory, as in a trainer (--prefill does not bound
+        it); on restore a rank's pieces (at most the saved chunks it reads)."""
+        restore = int(restore_plan_of(plan).rank_bytes().max(initial=0))
+        return (super().memory_bytes(plan, ranks, options, alignment)
+                + max(plan.bytes_of_ranks(ranks), restore))
+
+    @classmethod
+    def check_restore(cls, plan: Plan, groups: list[list[int]], shift: int) -> None:
+        check_load_processes(plan, groups, shift)
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Any = None) -> None:
         super().__init__(plan, ranks, backend, group, options, progress)
         self.torch = _import_torch()
         self._pg_ready = False
+        self._load_groups: dict[tuple[int, ...], Any] = {}
 
     # --- where DCP writes ---
     def _url(self, ckpt: str) -> tuple[str, dict[str, Any]]:
@@ -229,6 +247,9 @@ class TorchDcpFormat(FormatBase):
         dist.init_process_group("gloo", store=store, rank=self.group.rank,
                                 world_size=self.group.size)
         self._pg_ready = True
+
+    def _load_group(self, hosting: bool, problem: BaseException | None) -> tuple[Any, bool]:
+        return load_group(self.group, hosting, problem, self._process_group, self._load_groups)
 
     @classmethod
     def written_names(cls, plan: Plan, groups: list[list[int]],
@@ -366,3 +387,54 @@ class TorchDcpFormat(FormatBase):
                         f"(DCP {ckpt}/{DCP_DIR}): "
                         + describe_difference(got, np.ascontiguousarray(want).reshape(-1).view(np.uint8)))
         return [res], (t0, t1)
+
+    # --- restore onto the restore layout (ckptbench.formats.dcp_load) ---
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
+                       filled: dict[str, Any] | None = None) -> list[ThreadResult]:
+        """dcp.load by the restore rank this process hosts (if any), into its pieces of the
+        restore layout; `jobs`: the saved chunks the plan says it reads (verified). No
+        fill-ins (`filled`): a torch-dcp run saves every rank."""
+        import torch.distributed.checkpoint as dcp
+
+        del filled
+        if len(ranks) > 1:
+            raise SpecError(f"--format torch-dcp: {len(ranks)} restore ranks in one process; "
+                            "allowed: one (DCP loads one rank per process)")
+        ckpt = manifest_key[: len(manifest_key) - len(self.plan.manifest) - 1]
+        self.group.barrier()  # the eviction's gather is over on process 0
+        manifest, _ = self._open_checkpoint(ckpt, manifest_key, jobs)  # off the clock
+        res = ThreadResult()
+        held: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        state: dict[str, Any] = {}
+        problem: BaseException | None = None
+        try:
+            if ranks:
+                held = allocate_pieces(self.plan, restore_pieces(restore_plan_of(self.plan),
+                                                                 ranks[0]))
+            keys, torch = self.plan.keys, self.torch
+            state = {keys[k].name: PlannedChunks(keys[k].global_shape, [(off, torch.from_numpy(
+                a).view(_torch_dtype(torch, keys[k].dtype)))]) for k, (off, a) in held.items()}
+        except BaseException as exc:  # agreed on in _load_group
+            problem = exc
+        group, no_dist = self._load_group(bool(ranks), problem)
+        _, planner = _planners()
+        self.group.barrier()
+        if not ranks:
+            return [res]
+        reader = TimedReader(self._reader(ckpt))
+        a = now()
+        try:
+            dcp.load(state, storage_reader=reader.reader, planner=planner,
+                     process_group=group, no_dist=no_dist)
+        except BaseException as exc:
+            res.error = exc
+        b = now()
+        reader.count()
+        res.op("dcp_load", jobs[0].index if jobs else 0, reader.read_bytes, a, b,
+               {"object": f"{DCP_DIR}/", "container_bytes": reader.container_bytes,
+                "read_items": reader.items, "parts": reader.parts(a, b)}, rank=ranks[0])
+        self.progress(reader.read_bytes)
+        if res.error is None:
+            res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest["files"],
+                                           f"DCP {ckpt}/{DCP_DIR}")
+        return [res]

@@ -143,6 +143,39 @@ def own_files_plan(plan: Plan, source: str) -> RestorePlan:
                        file_ptr[rank_first_file], source)
 
 
+def restore_pieces(rplan: RestorePlan, rank: int) -> list[tuple[int, tuple[int, ...],
+                                                                tuple[int, ...]]]:
+    """What restore rank `rank` holds before it loads, as (key id, offsets, sizes) in key
+    order: its DTensor piece of every state-dict key of its stage in the restore layout
+    (empty pieces included, placed as torch places them), a 0-d ``step`` whole; with the
+    DLIO plan, the chunks it wrote. A DCP load into these pieces reads the plan's reads."""
+    plan = rplan.save
+    if rplan.source != "dcp":
+        chunks = [i for f in plan.files_of_rank(rank) for i in plan.chunks_of_file(f)]
+        return sorted((int(plan.chunk_key[i]), plan.chunk(i).offsets, plan.chunk(i).sizes)
+                      for i in chunks)
+    w = plan.workload
+    layout = w.restore_parallel
+    restore_w = replace(w, parallel=layout)
+    key_ids = {k.name: i for i, k in enumerate(plan.keys)}
+    out: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    by_stage = split_by_stage(model_tensors(w.model), w.model.layers, layout.pp)
+    for stage, tensors in enumerate(by_stage):
+        mesh = stage_mesh(layout, stage)
+        if rank not in mesh.ranks:
+            continue
+        for t in tensors:
+            g_off, g_size, _first, g_count, holders = piece_groups(t, restore_w, mesh)
+            at = int(np.flatnonzero(holders == rank)[0])
+            g = int(np.searchsorted(np.cumsum(g_count), at, side="right"))
+            nd = len(t.shape)
+            off = tuple(int(x) for x in g_off[g, :nd])
+            size = tuple(int(x) for x in g_size[g, :nd])
+            for entry in [model_entry(t, w.state), *optimizer_entries(t, w.state)]:
+                out.append((key_ids[entry.name], *(((), ()) if entry.scalar else (off, size))))
+    return sorted(out)
+
+
 def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """(restore rank, saved chunk) of every read, unordered."""
     w = plan.workload
@@ -266,5 +299,6 @@ __all__ = [
     "build_restore_plan",
     "overlaps",
     "own_files_plan",
+    "restore_pieces",
     "restore_plan_of",
 ]

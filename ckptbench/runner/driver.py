@@ -255,13 +255,20 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
 
 def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
                    written: set[int] | None) -> dict[str, Any]:
-    """What the restore phase record says of the plan it ran."""
+    """What the restore phase record says of the plan it ran: the restore layout, the
+    ranks that ran, the bytes they were to read and the plan's amplification (bytes read
+    over the checkpoint's; each file read back once: 1)."""
     if rplan is None:
-        return {"restore_plan": "files"}
+        planned = plan.bytes_of_ranks(all_ranks)
+        return {"restore_plan": "files", "restore_world_size": plan.world_size,
+                "restore_layout": plan.workload.parallel.label,
+                "restore_ranks": len(all_ranks), "amplification": 1.0 if planned else 0.0,
+                "planned_read_bytes": planned}
     ranks = (list(range(rplan.world_size)) if written is None
              else [r for r in all_ranks if r < rplan.world_size])
     out: dict[str, Any] = {
         "restore_plan": rplan.source, "restore_world_size": rplan.world_size,
+        "restore_layout": rplan.layout.label,
         "restore_ranks": len(ranks), "amplification": rplan.amplification,
         "planned_read_bytes": rplan.bytes_of_ranks(ranks),
     }
@@ -269,6 +276,18 @@ def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
         out["reads_outside_subset"] = sum(
             1 for r in ranks for i in rplan.reads_of_rank(r).tolist()
             if plan.chunk_nbytes[i] and int(plan.chunk_file[i]) not in written)
+    return out
+
+
+def _measured(gathered: list[PhaseReport]) -> dict[str, Any]:
+    """The payload bytes the restore's ops read, and the named parts (seconds) of the
+    longest op that names them (DCP's load: metadata, planning, data, sync)."""
+    ops = [rop.op for report in gathered for rop in report.ops]
+    out: dict[str, Any] = {"read_bytes": sum(o.nbytes for o in ops)}
+    parted = [o for o in ops if o.extra and "parts" in o.extra]
+    if parted:
+        slowest = max(parted, key=lambda o: o.end_ns - o.start_ns)
+        out["parts"] = dict(slowest.extra["parts"])  # type: ignore[index]
     return out
 
 
@@ -379,7 +398,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     records.append(RestorePhaseRecord(
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
         failure is None and options.verify, len(mismatches), options.restore_shift,
-        extra={**(facts or {}), **_fan_in(gathered)}))
+        extra={**(facts or {}), **_measured(gathered), **_fan_in(gathered)}))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:

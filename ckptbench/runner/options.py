@@ -25,6 +25,7 @@ def new_run_id() -> str:
 
 
 MODES = ("sync", "async")
+PLANNED_RESTORE = ("raw", "torch-dcp")  # formats that restore by the restore plan
 MAX_STEP_S = 3600.0  # a training step; a typo (1e9) would never end
 
 
@@ -93,9 +94,10 @@ class RunOptions:
 
     @property
     def uses_restore_plan(self) -> bool:
-        """Restores run the DCP restore plan: asked for, and the raw format (the others
-        read back their own files)."""
-        return self.restore and self.restore_plan == "dcp" and self.format == "raw"
+        """Restores run the DCP restore plan: asked for, with the raw format (its ranged
+        reads) or torch-dcp (dcp.load on the restore layout); the others read back their
+        own files."""
+        return self.restore and self.restore_plan == "dcp" and self.format in PLANNED_RESTORE
 
     def format_options(self) -> FormatOptions:
         return FormatOptions(threads=self.threads, block_size=self.block_size,

@@ -296,6 +296,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
                     req.options.format)
     launcher.agree(resource_error(req, topo), "checking the memory the run needs")
     shift = restore_shift(req, topo, launcher.kind)
+    if req.options.uses_restore_plan:
+        format_class(req.options.format).check_restore(req.plan, topo.groups, shift["value"])
     req = replace(req, options=replace(req.options, run_id=topo.run_id,
                                        restore_shift=shift["value"]))
     names = run_names(req.plan, req.options, topo.groups) if launcher.root else None

@@ -37,6 +37,11 @@ def test_round_trip_each_codec(codec: str, bf16_workload: Path, tmp_path: Path) 
     assert phases and all(p["verified"] for p in phases)
     s = summaries(results)
     plan_bytes = build_plan(load_workload(bf16_workload)).total_bytes
+    # the restore record names its layout (the training one: files read back) and bytes
+    (p,) = phases
+    assert p["restore_plan"] == "files" and p["restore_layout"] == "world_size=4,tp=2"
+    assert p["read_bytes"] == p["planned_read_bytes"] == plan_bytes
+    assert p["amplification"] == 1.0
     for phase in ("save", "restore"):
         assert s[phase]["bytes"] == plan_bytes
         assert s[phase]["stored_bytes"] > 0

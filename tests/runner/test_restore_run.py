@@ -68,6 +68,9 @@ def test_tiny_restored_onto_another_layout_reads_the_plan_and_verifies(
     assert phase["verified"] and phase["mismatched_chunks"] == 0
     assert phase["restore_plan"] == "dcp" and phase["restore_world_size"] == layout["world_size"]
     assert phase["amplification"] == pytest.approx(amplification, abs=0.01)
+    want = with_restore(load_workload(TINY), layout, "test").restore_parallel
+    assert phase["restore_layout"] == want.label
+    assert phase["read_bytes"] == phase["planned_read_bytes"] == sum(planned_reads(layout).values())
     # every rank of the restore layout read exactly its planned chunks' bytes, file by file
     assert measured_reads(recs) == planned_reads(layout)
     # each restoring rank read the manifest first, as big as DCP's .metadata would be
@@ -88,6 +91,10 @@ def test_files_plan_reads_back_what_each_rank_wrote(tmp_path):
     summaries = {s["phase"]: s for s in records(results) if s["type"] == "summary"}
     assert summaries["restore"]["bytes"] == summaries["save"]["bytes"]
     assert summaries["restore"]["restore_plan"] == "files"
+    (phase,) = [x for x in records(results) if x["type"] == "phase" and x["phase"] == "restore"]
+    assert phase["restore_layout"] == "world_size=4,tp=2"  # the training layout
+    assert phase["read_bytes"] == phase["planned_read_bytes"] == summaries["save"]["bytes"]
+    assert phase["amplification"] == 1.0
 
 
 @pytest.fixture(scope="module")
