@@ -96,6 +96,14 @@ class ParallelSpec:
         """Data-parallel degree (replicas x shards)."""
         return self.world_size // (self.tp * self.pp)
 
+    @property
+    def label(self) -> str:
+        """The layout as --restore-layout takes it: world_size and the degrees above 1."""
+        parts = [f"world_size={self.world_size}"]
+        parts += [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "dp_replicate", "ep")
+                  if getattr(self, k) != 1]
+        return ",".join(parts)
+
 
 @dataclass(frozen=True)
 class CheckpointSpec:

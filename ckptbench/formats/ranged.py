@@ -24,7 +24,7 @@ from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
-from ckptbench.plan.restore import RestorePlan
+from ckptbench.plan.restore import RestorePlan, restore_plan_of
 
 
 def digest_positions(plan: Plan) -> np.ndarray:
@@ -37,16 +37,15 @@ def digest_positions(plan: Plan) -> np.ndarray:
 
 
 def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteration: int,
-                 seed: int, written: set[int] | None = None,
-                 layout: RegionLayout | None = None) -> tuple[list[FileJob], int, int]:
-    """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order), and
-    the reads and bytes left out because their file was not written (`written`: the file
-    indices a subset run wrote; None: all)."""
+                 seed: int, fill_in: frozenset[int] = frozenset(), fill_in_at: str = "",
+                 layout: RegionLayout | None = None) -> list[FileJob]:
+    """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order).
+    Files in `fill_in` (a subset run did not write them) are read where their fill-ins
+    were written, in the checkpoint directory `fill_in_at`."""
     plan = rplan.save
     layout = layout or plan_layout(plan)
     digests = digest_positions(plan)
     jobs: list[FileJob] = []
-    skipped = skipped_bytes = 0
     for r in ranks:
         current: FileJob | None = None
         for i in rplan.reads_of_rank(r).tolist():
@@ -54,13 +53,10 @@ def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteratio
             if n == 0:
                 continue  # an empty saved chunk: DCP reads its container, no payload
             f = int(plan.chunk_file[i])
-            if written is not None and f not in written:
-                skipped += 1
-                skipped_bytes += n
-                continue
             if current is None or current.index != f:
                 path = plan.file_paths[f]
-                current = FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", 0, [],
+                where = fill_in_at if f in fill_in else checkpoint
+                current = FileJob(f, int(plan.file_rank[f]), f"{where}/{path}", 0, [],
                                   stream_key(seed, f, iteration), int(layout.base[f]),
                                   layout.shared_size.get(path, 0), reads=[], reader=r)
                 jobs.append(current)
@@ -71,7 +67,46 @@ def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteratio
             assert current.reads is not None
             current.reads.append(ChunkRead(region, int(digests[i])))
             current.size += n
-    return jobs, skipped, skipped_bytes
+    return jobs
+
+
+def restoring_ranks(all_ranks: list[int], save_world: int, restore_world: int) -> list[int]:
+    """The ranks of the restore layout a run restores: all of them, or, for a subset run,
+    the subset's ranks that exist in the restore layout."""
+    if len(all_ranks) == save_world:
+        return list(range(restore_world))
+    return [r for r in all_ranks if r < restore_world]
+
+
+def fill_in_files(rplan: RestorePlan, all_ranks: list[int]) -> list[int]:
+    """Files a subset run (plan ranks `all_ranks`) must write besides its own for its
+    restoring ranks to read everything their restore plan gives them: the files other
+    ranks wrote that hold chunks those ranks read. Empty for a run of every rank."""
+    plan = rplan.save
+    if len(all_ranks) == plan.world_size:
+        return []
+    ranks = restoring_ranks(all_ranks, plan.world_size, rplan.world_size)
+    if not ranks:
+        return []
+    reads = np.concatenate([rplan.reads_of_rank(r) for r in ranks])
+    files = np.unique(plan.chunk_file[reads[plan.chunk_nbytes[reads] > 0]]).astype(np.int64)
+    own = np.isin(plan.file_rank[files], np.asarray(all_ranks, dtype=np.int64))
+    return [int(f) for f in files[~own]]
+
+
+def fill_in_paths(plan: Plan, groups: list[list[int]]) -> list[str]:
+    """The paths of the fill-ins a run of plan ranks `groups` (one list per process)
+    writes before each restore with the DCP restore plan (its names, for cleanup)."""
+    all_ranks = sorted({r for g in groups for r in g})
+    if len(all_ranks) == plan.world_size:
+        return []
+    return [plan.file_paths[f] for f in fill_in_files(restore_plan_of(plan), all_ranks)]
+
+
+def fill_in_dir(plan: Plan, iteration: int) -> str:
+    """The directory, beside the run's checkpoints, where the fill-ins of iteration
+    `iteration`'s restore are written (never the checkpoint a restore reads)."""
+    return f"{plan.checkpoint_name(iteration)}-fill-in"
 
 
 def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int,
@@ -80,10 +115,7 @@ def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int
     the restore layout's ranks in contiguous groups; a subset run restores the ranks of
     the subset that exist in the restore layout. `shift` moves each position's group on
     by that many positions (no process reads back what its node wrote)."""
-    if len(all_ranks) == save_world:
-        ranks = list(range(restore_world))
-    else:
-        ranks = [r for r in all_ranks if r < restore_world]
+    ranks = restoring_ranks(all_ranks, save_world, restore_world)
     n = len(all_ranks)
     groups = [g.tolist() for g in np.array_split(np.array(ranks, dtype=np.int64), n)]
     pos = {r: k for k, r in enumerate(all_ranks)}
@@ -102,10 +134,13 @@ class RangedRestore(FormatBase):
     def _locate(self, job: FileJob, region: Region) -> str:  # pragma: no cover - RawFormat's
         raise NotImplementedError
 
-    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int]
-                       ) -> list[ThreadResult]:
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
+                       fill_ins: dict[str, Any] | None = None) -> list[ThreadResult]:
         """Every rank of `ranks` reads the manifest, then the jobs are read and verified.
-        The manifest reads are ops (``manifest``, with its size) of each rank."""
+        The manifest reads are ops (``manifest``, with its size) of each rank. `fill_ins`:
+        the entries (digests) of the jobs whose files were written as fill-ins, which the
+        checkpoint's manifest does not list."""
+        fill_ins = fill_ins or {}
         self._held = None
         nthreads = max(1, self.o.threads) * max(1, len(ranks))
         groups = assign_threads(jobs, nthreads, by_size) if jobs else []
@@ -119,7 +154,7 @@ class RangedRestore(FormatBase):
         manifests: list[dict[str, Any] | None] = [None] * len(ranks)
 
         def read_manifest(k: int) -> None:
-            mine = [j for j in jobs if j.reader == ranks[k]]
+            mine = [j for j in jobs if j.reader == ranks[k] and j.name not in fill_ins]
             try:
                 manifest, (t0, t1) = self.read_manifest(manifest_key, mine)
                 manifests[k] = manifest
@@ -136,7 +171,7 @@ class RangedRestore(FormatBase):
             t.join()
         if any(h.error for h in heads) or not jobs:
             return heads
-        expected = next(m for m in manifests if m is not None)["files"]
+        expected = {**next(m for m in manifests if m is not None)["files"], **fill_ins}
         results = [ThreadResult() for _ in groups]
         threads = []
         for ring, group, res in zip(rings, groups, results, strict=True):
