@@ -313,20 +313,17 @@ def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, see
               layout: RegionLayout | None = None) -> list[FileJob]:
     """The jobs of plan ranks `ranks` for one checkpoint (plan order)."""
     layout = layout or plan_layout(plan)
-    return [file_job(plan, f, checkpoint, iteration, seed, layout)
-            for r in ranks for f in plan.files_of_rank(r)]
-
-
-def file_job(plan: Plan, f: int, checkpoint: str, iteration: int, seed: int,
-             layout: RegionLayout) -> FileJob:
-    """The job writing (or reading back) plan file `f` of one checkpoint, whole: its
-    payload's stream key is the file's and the iteration's, wherever it is written."""
-    path = plan.file_paths[f]
-    regions = [Region(c.file_offset, c.file_offset + c.nbytes, c.key, c.dtype)
-               for c in plan.iter_chunks(f) if c.nbytes]
-    return FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", int(plan.file_bytes[f]),
-                   regions, stream_key(seed, f, iteration), int(layout.base[f]),
-                   layout.shared_size.get(path, 0))
+    jobs = []
+    for r in ranks:
+        for f in plan.files_of_rank(r):
+            path = plan.file_paths[f]
+            regions = [Region(c.file_offset, c.file_offset + c.nbytes, c.key, c.dtype)
+                       for c in plan.iter_chunks(f) if c.nbytes]
+            jobs.append(FileJob(f, r, f"{checkpoint}/{path}",
+                                int(plan.file_bytes[f]), regions,
+                                stream_key(seed, f, iteration), int(layout.base[f]),
+                                layout.shared_size.get(path, 0)))
+    return jobs
 
 
 def manifest_files(plan: Plan, checkpoint: str, digests: dict[int, list[int]],

@@ -20,11 +20,12 @@ import xxhash
 from ckptbench.backends.base import ReadHandle
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import ChunkRead, FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.fill_ins import FillIns, restoring_ranks
 from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
-from ckptbench.plan.restore import RestorePlan, restore_plan_of
+from ckptbench.plan.restore import RestorePlan
 
 
 def digest_positions(plan: Plan) -> np.ndarray:
@@ -37,14 +38,15 @@ def digest_positions(plan: Plan) -> np.ndarray:
 
 
 def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteration: int,
-                 seed: int, fill_in: frozenset[int] = frozenset(), fill_in_at: str = "",
+                 seed: int, fill: FillIns | None = None, fill_in_at: str = "",
                  layout: RegionLayout | None = None) -> list[FileJob]:
     """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order).
-    Files in `fill_in` (a subset run did not write them) are read where their fill-ins
-    were written, in the checkpoint directory `fill_in_at`."""
+    Files that have a fill-in (`fill`: a subset run did not write them) are read from it,
+    in the directory `fill_in_at`, at its packed offsets."""
     plan = rplan.save
     layout = layout or plan_layout(plan)
     digests = digest_positions(plan)
+    packed: dict[int, dict[int, tuple[int, int]]] = {}
     jobs: list[FileJob] = []
     for r in ranks:
         current: FileJob | None = None
@@ -53,60 +55,28 @@ def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteratio
             if n == 0:
                 continue  # an empty saved chunk: DCP reads its container, no payload
             f = int(plan.chunk_file[i])
+            filled = fill is not None and f in fill.chunks
             if current is None or current.index != f:
                 path = plan.file_paths[f]
-                where = fill_in_at if f in fill_in else checkpoint
-                current = FileJob(f, int(plan.file_rank[f]), f"{where}/{path}", 0, [],
-                                  stream_key(seed, f, iteration), int(layout.base[f]),
-                                  layout.shared_size.get(path, 0), reads=[], reader=r)
+                if filled:
+                    assert fill is not None
+                    packed.setdefault(f, fill.packed(f))
+                    current = FileJob(f, int(plan.file_rank[f]), f"{fill_in_at}/{fill.name(f)}",
+                                      0, [], stream_key(seed, f, iteration), reads=[], reader=r)
+                else:
+                    current = FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", 0, [],
+                                      stream_key(seed, f, iteration), int(layout.base[f]),
+                                      layout.shared_size.get(path, 0), reads=[], reader=r)
                 jobs.append(current)
             key = plan.keys[int(plan.chunk_key[i])]
-            start = int(plan.chunk_file_offset[i])
+            start, digest = packed[f][i] if filled else (int(plan.chunk_file_offset[i]),
+                                                         int(digests[i]))
             region = Region(start, start + n, key.name, key.dtype)
             current.regions.append(region)
             assert current.reads is not None
-            current.reads.append(ChunkRead(region, int(digests[i])))
+            current.reads.append(ChunkRead(region, digest))
             current.size += n
     return jobs
-
-
-def restoring_ranks(all_ranks: list[int], save_world: int, restore_world: int) -> list[int]:
-    """The ranks of the restore layout a run restores: all of them, or, for a subset run,
-    the subset's ranks that exist in the restore layout."""
-    if len(all_ranks) == save_world:
-        return list(range(restore_world))
-    return [r for r in all_ranks if r < restore_world]
-
-
-def fill_in_files(rplan: RestorePlan, all_ranks: list[int]) -> list[int]:
-    """Files a subset run (plan ranks `all_ranks`) must write besides its own for its
-    restoring ranks to read everything their restore plan gives them: the files other
-    ranks wrote that hold chunks those ranks read. Empty for a run of every rank."""
-    plan = rplan.save
-    if len(all_ranks) == plan.world_size:
-        return []
-    ranks = restoring_ranks(all_ranks, plan.world_size, rplan.world_size)
-    if not ranks:
-        return []
-    reads = np.concatenate([rplan.reads_of_rank(r) for r in ranks])
-    files = np.unique(plan.chunk_file[reads[plan.chunk_nbytes[reads] > 0]]).astype(np.int64)
-    own = np.isin(plan.file_rank[files], np.asarray(all_ranks, dtype=np.int64))
-    return [int(f) for f in files[~own]]
-
-
-def fill_in_paths(plan: Plan, groups: list[list[int]]) -> list[str]:
-    """The paths of the fill-ins a run of plan ranks `groups` (one list per process)
-    writes before each restore with the DCP restore plan (its names, for cleanup)."""
-    all_ranks = sorted({r for g in groups for r in g})
-    if len(all_ranks) == plan.world_size:
-        return []
-    return [plan.file_paths[f] for f in fill_in_files(restore_plan_of(plan), all_ranks)]
-
-
-def fill_in_dir(plan: Plan, iteration: int) -> str:
-    """The directory, beside the run's checkpoints, where the fill-ins of iteration
-    `iteration`'s restore are written (never the checkpoint a restore reads)."""
-    return f"{plan.checkpoint_name(iteration)}-fill-in"
 
 
 def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int,

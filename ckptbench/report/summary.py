@@ -97,8 +97,8 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 RESTORE_FIELDS = ("restore_plan", "restore_world_size", "restore_layout", "restore_ranks",
-                  "amplification", "planned_read_bytes", "fill_in_bytes", "file_readers_max",
-                  "file_readers_median")
+                  "amplification", "planned_read_bytes", "fill_in_files", "fill_in_bytes",
+                  "file_readers_max", "file_readers_median")
 
 
 def restore_stats(phase_rec: dict[str, Any], manifest: list[tuple[float, int]]

@@ -176,7 +176,7 @@ def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
 
 def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     """Restores that ran a restore plan: the layout restored onto, the bytes its plan gives
-    the restoring ranks against the bytes read, the job's amplification, and the fill-ins a
+    the restoring ranks and the bytes read, the job's amplification, and the fill-ins a
     subset wrote for it off the clock (None when no run restored by a plan)."""
     several = len(loaded) > 1
     rows = []
@@ -189,18 +189,18 @@ def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
                 s.get("restore_layout", f"world_size={s.get('restore_world_size', '?')}"),
                 f"{s.get('restore_ranks', '-')}/{s.get('restore_world_size', '-')}",
                 f"{planned / 2**30:.3f}", f"{s['bytes'] / 2**30:.3f}",
-                f"{s['bytes'] / planned:.3f}" if planned else "-",
-                f"{s.get('amplification', 0.0):.3f}", f"{s.get('fill_in_bytes', 0) / 2**30:.3f}"))
+                f"{s.get('amplification', 0.0):.3f}", str(len(s.get("fill_in_files", []))),
+                f"{s.get('fill_in_bytes', 0) / 2**30:.3f}"))
     if not rows:
         return None
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
         Column("restore\nlayout", key=True, numeric=False), Column("ranks\nrun/all"),
-        Column("planned\nGiB"), Column("read\nGiB"), Column("read/\nplanned"),
-        Column("amplif.\njob"), Column("fill-in\nGiB")]
+        Column("planned\nGiB"), Column("read\nGiB"),
+        Column("amplif.\njob"), Column("fill-in\nfiles"), Column("fill-in\nGiB")]
     notes = ("planned: the bytes the DCP restore plan gives the restoring ranks; amplif.: "
              "bytes the whole job reads on this layout over the checkpoint's bytes; fill-in: "
-             "files a --ranks subset did not save but its restoring ranks read, written off "
-             "the clock before the restore (in no phase's figures).",)
+             "the saved chunks a --ranks subset did not write but its restoring ranks read, "
+             "written off the clock before the restore (in no phase's figures).",)
     return Grid("restore plan", tuple(cols), tuple(rows), notes)
 
 

@@ -27,7 +27,7 @@ from ckptbench.backends import Backend
 from ckptbench.backends.base import NameTaken, atomic_tmp
 from ckptbench.errors import BackendError
 from ckptbench.formats import format_class
-from ckptbench.formats.ranged import fill_in_dir, fill_in_paths
+from ckptbench.formats.fill_ins import fill_in_dir, fill_in_names
 from ckptbench.plan import Plan
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def run_names(plan: Plan, options: RunOptions, groups: list[list[int]]) -> RunNa
     """The names a run of `plan` writes, its processes running plan ranks `groups`."""
     fmt = format_class(options.format)
     its = range(1, options.iterations + 1)
-    fill = fill_in_paths(plan, groups) if options.uses_restore_plan else []  # runner.fill_in
+    fill = fill_in_names(plan, groups) if options.uses_restore_plan else []  # runner.fill_in
     files = [*fmt.written_names(plan, groups, options.format_options()), plan.manifest,
              atomic_tmp(plan.manifest), *fill]
     return RunNames(options.run_id,

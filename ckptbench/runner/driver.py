@@ -44,14 +44,9 @@ from ckptbench.formats.base import (
     manifest_files,
     now,
 )
+from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
 from ckptbench.formats.manifest import encode_manifest
-from ckptbench.formats.ranged import (
-    fill_in_dir,
-    fill_in_files,
-    restore_jobs,
-    restore_positions,
-    restoring_ranks,
-)
+from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
 from ckptbench.plan.metadata import dcp_metadata_bytes
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
@@ -123,11 +118,11 @@ class Iterations:
         self.restore_ranks: list[int] = []
         # A subset run wrote only its ranks' files: the others its restoring ranks read
         # are written as fill-ins before each restore (runner.fill_in)
-        self.fill: list[int] = []
+        self.fill = FillIns(plan, {})
         if self.rplan is not None:
             self.restore_ranks = restore_positions(my_ranks, all_ranks, plan.world_size,
                                                    self.rplan.world_size, options.restore_shift)
-            self.fill = fill_in_files(self.rplan, all_ranks)
+            self.fill = fill_ins_of(self.rplan, all_ranks)
         self.restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
 
     def checkpoint(self, it: int) -> str:
@@ -173,8 +168,7 @@ class Iterations:
                 with self.watched.watching(f"the restore of {name}"):
                     if self.rplan is not None:
                         rjobs = restore_jobs(self.rplan, self.restore_ranks, ckpt, saved_as,
-                                             options.seed, frozenset(self.fill),
-                                             fill_in_at(self, it))
+                                             options.seed, self.fill, fill_in_at(self, it))
                         filled = {j.name: {"digests": fill_digests[j.index]} for j in rjobs
                                   if j.index in fill_digests}
                         rresults = self.fmt.restore_ranged(  # type: ignore[attr-defined]
@@ -268,7 +262,7 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
 
 
 def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
-                   fill: list[int]) -> dict[str, Any]:
+                   fill: FillIns) -> dict[str, Any]:
     """What the restore phase record says of the plan it ran, and of the fill-ins written
     for it (off the clock; none for a run of every rank)."""
     if rplan is None:
@@ -278,8 +272,7 @@ def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
         "restore_plan": rplan.source, "restore_world_size": rplan.world_size,
         "restore_layout": rplan.layout.label, "restore_ranks": len(ranks),
         "amplification": rplan.amplification, "planned_read_bytes": rplan.bytes_of_ranks(ranks),
-        "fill_in_files": [plan.file_paths[f] for f in fill],
-        "fill_in_bytes": int(plan.file_bytes[fill].sum()) if fill else 0,
+        "fill_in_files": fill.names(), "fill_in_bytes": fill.total_bytes,
     }
 
 

@@ -1,16 +1,15 @@
-"""Fill-ins: what a subset run writes, off the clock, so its restore reads the whole plan.
+"""Writing the fill-ins (formats.fill_ins) of a subset run's restore, off the clock.
 
 A run of some of the plan's ranks (``--ranks``, MLPerf's subset mode; ``ckptbench
 restore`` of a checkpoint such a run kept) saves only those ranks' files, but with the
-DCP restore plan its restoring ranks read every saved chunk that overlaps what they hold
-in the restore layout, whichever rank wrote it. Those chunks' files are written first,
-whole, by process 0, with the payload their writer ranks would have written (the same
-stream keys), into a directory of the run's own beside its checkpoints
-(``checkpoint-N-fill-in``). The restore then reads exactly the plan's bytes for its
-ranks and verifies every chunk, the fill-ins against the digests taken as they were
-written. Their names are in the run's intent like every other file; they are removed once
-the restore that needed them is done (``--keep`` keeps what the save wrote, not them);
-their writes are in no phase's figures. The restore record names them and their bytes.
+DCP restore plan its restoring ranks read saved chunks other ranks wrote. Before each
+restore process 0 writes those chunks, as fill-ins with the payload rules of every file,
+into a directory of the run's own beside its checkpoints (``checkpoint-N-fill-in``). The
+restore then reads exactly the plan's bytes for its ranks and verifies every chunk, the
+fill-ins' against the digests taken as they were written. Their names are in the run's
+intent like every other file; they are removed once the restore that needed them is done
+(``--keep`` keeps what the save wrote, not them); their writes are in no phase's
+figures. The restore record names them and their bytes.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ckptbench.errors import RunFailed, describe_error
-from ckptbench.formats.base import FileJob, file_job, first_error
-from ckptbench.formats.ranged import fill_in_dir
-from ckptbench.plan.files import plan_layout
+from ckptbench.formats.base import FileJob, first_error
+from ckptbench.formats.fill_ins import fill_in_dir
 from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
 
@@ -46,9 +44,8 @@ def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, l
     if not run.fill:
         return [], {}
     comm, root = run.comm, run.comm.rank == 0
-    where, layout = fill_in_at(run, it), plan_layout(run.plan)
-    jobs = [file_job(run.plan, f, where, run.saved_as(it), run.options.seed, layout)
-            for f in run.fill] if root else []
+    where = fill_in_at(run, it)
+    jobs = run.fill.jobs(where, run.saved_as(it), run.options.seed) if root else []
     fmt: Any = run.fmt
     progress, fmt.progress = fmt.progress, _quiet
     try:
