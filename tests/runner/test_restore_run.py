@@ -172,9 +172,9 @@ def test_restore_command_refuses_a_path_that_is_no_checkpoint(tmp_path):
 
 
 # --- subsets: the files the subset did not write are written as fill-ins, off the clock ---
-SUBSET_LAYOUTS = [
-    ({"world_size": 2, "tp": 1}, "world_size=2,tp=1"),  # 2 restoring ranks read 4 ranks' files
-    ({"world_size": 8, "dp_replicate": 2}, "world_size=8,dp_replicate=2"),  # HSDP: 2 of 8
+SUBSET_LAYOUTS = [  # 2 restoring ranks read 4 ranks' files; HSDP: 2 ranks of 8
+    ({"world_size": 2, "tp": 1}, ("--restore-world-size", "2", "--restore-layout", "tp=1")),
+    ({"world_size": 8, "dp_replicate": 2}, ("--restore-layout", "world_size=8,dp_replicate=2")),
 ]
 
 
@@ -217,7 +217,7 @@ def check_subset_restore(recs: list[dict[str, Any]], layout: dict[str, int]) -> 
 def test_subset_run_restored_onto_another_layout_reads_its_plan(tmp_path, layout, flag):
     results = tmp_path / "r.jsonl"
     r = ckptbench("run", str(TINY), "--target", str(tmp_path / "data"), "--results",
-                  str(results), "--ranks", "0-1", "--restore-layout", flag, "--keep")
+                  str(results), "--ranks", "0-1", *flag, "--keep")
     assert r.returncode == 0, r.stderr
     recs = records(results)
     check_subset_restore(recs, layout)
@@ -240,8 +240,7 @@ def test_restore_command_of_a_kept_subset_reads_its_plan(tmp_path, layout, flag)
     (ckpt,) = data.glob("run-*/checkpoint-1")
     before = sorted(p.name for p in ckpt.iterdir())
     results = tmp_path / "again.jsonl"
-    r = ckptbench("restore", str(ckpt), "--restore-layout", flag, "--results", str(results),
-                  "--iterations", "2")
+    r = ckptbench("restore", str(ckpt), *flag, "--results", str(results), "--iterations", "2")
     assert r.returncode == 0, r.stderr
     check_subset_restore(records(results), layout)
     assert sorted(p.name for p in ckpt.iterdir()) == before  # the kept checkpoint as it was
