@@ -7,6 +7,9 @@ claim     process 0 creates the checkpoint's directory, exclusively (one that ex
           someone else's: the run stops, never writes into it)
 save      the format writes (behind a barrier: the clock starts there) -> gather digests
           and timed ops to process 0 -> process 0 commits the manifest atomically
+fill-in   a --ranks subset restoring by the DCP plan: process 0 writes the chunks its
+          restoring ranks read from files the subset did not write, off the clock
+          (runner.fill_in; removed once the restore is done)
 cache     each process evicts its files from caches; process 0 drops the host's page
           cache where the backend can (or O_DIRECT made it moot)
 restore   the format reads the manifest, then every chunk, and checks every digest: with
