@@ -189,18 +189,18 @@ def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
                 s.get("restore_layout", f"world_size={s.get('restore_world_size', '?')}"),
                 f"{s.get('restore_ranks', '-')}/{s.get('restore_world_size', '-')}",
                 f"{planned / 2**30:.3f}", f"{s['bytes'] / 2**30:.3f}",
-                f"{s.get('amplification', 0.0):.3f}", str(len(s.get("fill_in_files", []))),
-                f"{s.get('fill_in_bytes', 0) / 2**30:.3f}"))
+                f"{s.get('amplification', 0.0):.3f}", f"{s.get('fill_in_bytes', 0) / 2**30:.3f}"))
     if not rows:
         return None
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
         Column("restore\nlayout", key=True, numeric=False), Column("ranks\nrun/all"),
         Column("planned\nGiB"), Column("read\nGiB"),
-        Column("amplif.\njob"), Column("fill-in\nfiles"), Column("fill-in\nGiB")]
+        Column("amplif.\njob"), Column("fill-in\nGiB")]
     notes = ("planned: the bytes the DCP restore plan gives the restoring ranks; amplif.: "
              "bytes the whole job reads on this layout over the checkpoint's bytes; fill-in: "
              "the saved chunks a --ranks subset did not write but its restoring ranks read, "
-             "written off the clock before the restore (in no phase's figures).",)
+             "written off the clock before the restore (in no phase's figures; the record "
+             "names their files).",)
     return Grid("restore plan", tuple(cols), tuple(rows), notes)
 
 
