@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,51 @@ def test_parse_size_and_fraction() -> None:
     for bad in ("95", "0", "1", "abc", "100%"):
         with pytest.raises(SpecError, match="--x"):
             parse_fraction(bad, "--x")
+
+
+def test_the_restore_layout_scales_r(run, tmp_path) -> None:
+    """R is the job restarting on the restore layout: given on the command line, or the
+    one the measured run restored onto (its run record)."""
+    from ckptbench.plan import build_plan
+    from ckptbench.plan.restore import restore_plan_of
+    from ckptbench.spec import load_workload, with_restore
+
+    tiny_path = str(Path(__file__).parent.parent / "workloads" / "tiny.toml")
+    tiny = load_workload(tiny_path)
+    per_rank = build_plan(tiny).total_bytes // 4
+    shape = {"bytes_per_rank": per_rank, "ranks_per_node": 2, "save_s": [1.0] * 5,
+             "restore_s": [0.5] * 5, "save_meta_s": 0.0, "restore_meta_s": 0.0}
+    plain = synthetic.write(tmp_path / "plain.jsonl", synthetic.records(**shape))
+    common = ["--gpus-per-node", "2", "--mtbf", "4h", "--restart-overhead", "0", "--force"]
+    hsdp = {"world_size": 8, "dp_replicate": 2}
+    rplan = restore_plan_of(build_plan(with_restore(tiny, hsdp, "test")))
+    node_max = rplan.rank_bytes().reshape(4, 2).sum(axis=1).max()
+    expected = node_max * 0.5 / (2 * per_rank)
+    given = _json(run, "--results", plain, "--workload", tiny_path,
+                  "--restore-layout", "world_size=8,dp_replicate=2", *common)
+    assert given["cost"]["restore_s"] == pytest.approx(expected, rel=2e-3)
+    target = given["job_model"]["inputs"]["target"]
+    assert target["restore"]["layout"] == "world_size=8,tp=2,dp_replicate=2"
+    assert target["restore"]["nodes"] == 4 and target["restore"]["amplification"] > 1.9
+    # HSDP reads the checkpoint twice over twice the nodes: the same per node; restarting
+    # on one node of 2 ranks, that node reads it all: twice as long
+    same = _json(run, "--results", plain, "--workload", tiny_path, *common)
+    assert same["cost"]["restore_s"] == pytest.approx(given["cost"]["restore_s"], rel=2e-3)
+    assert target["restore"]["read_bytes"] == pytest.approx(
+        2 * same["job_model"]["inputs"]["target"]["restore"]["read_bytes"], rel=1e-3)
+    fewer = _json(run, "--results", plain, "--workload", tiny_path, "--restore-world-size", "2",
+                  "--restore-layout", "tp=1", *common)
+    assert fewer["cost"]["restore_s"] == pytest.approx(2 * same["cost"]["restore_s"], rel=2e-3)
+    # the run's own record: it restored onto HSDP 8, so its job restarts there
+    recorded = synthetic.write(tmp_path / "hsdp.jsonl", synthetic.records(
+        **shape, workload=with_restore(tiny, hsdp, "test").to_dict()))
+    own = _json(run, "--results", recorded, *common)
+    assert own["cost"]["restore_s"] == pytest.approx(expected, rel=2e-3)
+    assert own["job_model"]["inputs"]["target"]["restore"]["gpus"] == 8
+
+
+def test_a_restore_layout_needs_a_plan(run) -> None:
+    code, _, err = run("--save-seconds", "1", "--restore-seconds", "2", "--mtbf", "3h",
+                       "--checkpoint-size", "2TB", "--restore-world-size", "6")
+    assert code == 2 and "--restore-world-size and --restore-layout need the target's plan" \
+        in err and err.count("\n") == 1

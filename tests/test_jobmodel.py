@@ -297,3 +297,46 @@ def test_a_broken_sweep_file_is_one_line(tmp_path) -> None:
     path.write_text('{"type":"sweep","schema":"ckptbench.sweep/1"}\n')
     with pytest.raises(SpecError, match="no points"):
         jobmodel.read_measurements([path])
+
+
+# --- the restore: the job restarting on its restore layout -------------------------------
+
+
+def test_the_restore_is_read_by_the_plan_of_the_job_restarting() -> None:
+    from ckptbench.plan.restore import restore_plan_of
+    from ckptbench.spec import with_restore
+
+    plan = build_plan(with_restore(load_workload(TINY), {"world_size": 8, "dp_replicate": 2},
+                                   "test"))
+    rplan = restore_plan_of(plan)
+    t = jobmodel.from_plan(plan, 2, restore_plan=rplan)
+    r = t.for_restore
+    assert (t.nodes, r.nodes, r.gpus) == (2, 4, 8)
+    assert r.total_bytes == rplan.total_bytes == pytest.approx(2 * plan.total_bytes, rel=1e-3)
+    pairs = rplan.rank_bytes().reshape(4, 2).sum(axis=1)
+    assert r.heaviest_node_bytes == pytest.approx(pairs.max(), rel=1e-3)
+    assert t.restore_layout == "world_size=8,tp=2,dp_replicate=2"
+    assert jobmodel.from_plan(plan, 2).for_restore.total_bytes == plan.total_bytes  # as saved
+
+
+def test_r_scales_with_the_restore_plans_bytes_per_node(tmp_path) -> None:
+    from ckptbench.plan.restore import restore_plan_of
+    from ckptbench.spec import with_restore
+
+    tiny = load_workload(TINY)
+    per_rank = build_plan(tiny).total_bytes // 4
+    m = results(tmp_path, bytes_per_rank=per_rank, ranks_per_node=2, save_s=[1.0] * 5,
+                restore_s=[0.5] * 5, save_meta_s=0.0, restore_meta_s=0.0)
+    seconds_per_byte = 0.5 / (2 * per_rank)
+    for layout in ({"world_size": 8, "dp_replicate": 2}, {"world_size": 2, "tp": 1}):
+        plan = build_plan(with_restore(tiny, layout, "test"))
+        rplan = restore_plan_of(plan)
+        e = estimate(m, jobmodel.from_plan(plan, 2, restore_plan=rplan), force=True)
+        node_max = rplan.rank_bytes().reshape(-1, min(2, rplan.world_size)).sum(axis=1).max()
+        assert e.restore.data_s == pytest.approx(node_max * seconds_per_byte, rel=2e-3)
+        assert any(f"restarting on {rplan.layout.label}" in a for a in e.assumptions())
+        assert e.to_dict()["inputs"]["target"]["restore"]["amplification"] == pytest.approx(
+            rplan.amplification)
+    # HSDP on 8 ranks reads each node's 2 ranks' share twice over 4 nodes; 2 ranks of
+    # FSDP read the whole checkpoint on one node
+    assert e.restore.data_s == pytest.approx(plan.total_bytes * seconds_per_byte, rel=2e-3)

@@ -109,3 +109,27 @@ def test_bytes_changed_in_the_bucket_fail_verification_read_in_place(
     assert "__0_0.distcp" in r.stderr and "Traceback" not in r.stderr
     (phase,) = [x for x in load(results) if x["type"] == "phase"]
     assert not phase["ok"] and phase["mismatched_chunks"] == 1
+
+
+def test_a_subset_kept_in_a_bucket_restores_its_whole_plan(minio_server: MinioServer,
+                                                           tmp_path: Path) -> None:
+    """Ranks 0-1 saved and kept; restored onto 2 ranks they read ranks 2-3's chunks too,
+    from fill-ins written as objects beside (never in) the kept checkpoint, then removed."""
+    root = f"subset/{uuid.uuid4().hex[:8]}"
+    target = f"s3://{minio_server.bucket}/{root}"
+    r = ckptbench("run", str(TINY), "--target", target, "--endpoint-url", minio_server.endpoint,
+                  "--ranks", "0-1", "--keep", "--no-restore", "--results",
+                  str(tmp_path / "save.jsonl"), env=minio_server.env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_id = load(tmp_path / "save.jsonl")[0]["run_id"]
+    before = minio_server.list_keys(minio_server.bucket, root + "/")
+    results = tmp_path / "again.jsonl"
+    r = ckptbench("restore", f"{target}/{run_id}/checkpoint-1", "--endpoint-url",
+                  minio_server.endpoint, "--restore-world-size", "2", "--restore-layout", "tp=1",
+                  "--results", str(results), env=minio_server.env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    recs = load(results)
+    (phase,) = [x for x in recs if x["type"] == "phase"]
+    assert phase["verified"] and phase["fill_in_files"] == ["__2_0.distcp", "__3_0.distcp"]
+    assert measured_reads(recs) == planned_reads({"world_size": 2, "tp": 1})
+    assert minio_server.list_keys(minio_server.bucket, root + "/") == before

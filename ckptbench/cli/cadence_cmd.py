@@ -14,8 +14,10 @@ import click
 from ckptbench import cadence, jobmodel
 from ckptbench.cli.cadence_async import async_note, split_save
 from ckptbench.cli.output_file import check_output_path, write_output_file
+from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
+from ckptbench.plan.restore import RestorePlan, restore_plan_of
 from ckptbench.spec import Workload, load_workload
 from ckptbench.units import (
     format_bytes,
@@ -75,19 +77,27 @@ def _measurements(results: tuple[Path, ...], sized: bool) -> list[jobmodel.Measu
 
 
 def _target_plan(workload_path: str | None, size: str | None,
-                 measured: list[jobmodel.Measurement]) -> tuple[float | None, Workload | None,
-                                                                Plan | None]:
+                 measured: list[jobmodel.Measurement], restore_layout: tuple[int | None, str | None]
+                 ) -> tuple[float | None, Workload | None, Plan | None]:
     """Full-size checkpoint bytes of the target job, its workload and plan (if known):
-    --workload, --checkpoint-size, or the measured run's own full-size workload."""
+    --workload, --checkpoint-size, or the measured run's own full-size workload (with the
+    restore layout it ran). `restore_layout`: --restore-world-size, --restore-layout."""
     if workload_path and size:
         raise SpecError("give either --workload or --checkpoint-size, not both")
     if size:
+        if restore_layout != (None, None):
+            raise SpecError("--restore-world-size and --restore-layout need the target's plan:"
+                            " give --workload (or --results of a run), not --checkpoint-size")
         return parse_size(size, "--checkpoint-size", default_unit="GB"), None, None
     workload = load_workload(workload_path) if workload_path else None
     if workload is None and measured:
         workload = measured[0].workload  # the run's own full-size job
     if workload is None:
+        if restore_layout != (None, None):
+            raise SpecError("--restore-world-size and --restore-layout need the target's plan:"
+                            " give --workload")
         return None, None, None
+    workload = apply_restore_layout(workload, *restore_layout)
     plan = build_plan(workload)
     return float(plan.total_bytes), workload, plan
 
@@ -108,7 +118,10 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
         raise SpecError("--results needs the target's size: give --workload or --checkpoint-size")
     if gpus is None:
         raise SpecError("--results needs the target's GPU count: give --gpus or --workload")
-    target = jobmodel.from_plan(plan, gpus_per_node, gpus, ceiling, workload_path) \
+    rplan: RestorePlan | None = None
+    if plan is not None and need_restore and gpus == plan.world_size:
+        rplan = restore_plan_of(plan)  # the job restarting on its restore layout
+    target = jobmodel.from_plan(plan, gpus_per_node, gpus, ceiling, workload_path, rplan) \
         if plan is not None else \
         jobmodel.uniform("checkpoint", checkpoint_bytes, gpus, gpus_per_node, ceiling)
     return jobmodel.estimate(
@@ -133,6 +146,7 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
 @click.option("--aggregate-bandwidth", metavar="BW",
               help="Storage ceiling for the whole job, e.g. 2TB/s (bare number: GB/s). Caps the "
                    "per-node scaling and bounds bytes per interval.")
+@restore_layout_options
 @click.option("--save-seconds", metavar="DUR",
               help="Save time C (bare number: seconds); overrides the measured one.")
 @click.option("--restore-seconds", metavar="DUR",
@@ -170,7 +184,8 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def cadence_command(results: tuple[Path, ...], workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
-                    aggregate_bandwidth: str | None, save_seconds: str | None,
+                    aggregate_bandwidth: str | None, restore_world_size: int | None,
+                    restore_layout: str | None, save_seconds: str | None,
                     restore_seconds: str | None, restart_overhead: str | None,
                     blocking_seconds: str | None, interference: str | None, mtbf: str | None,
                     failure_preset: str | None,
@@ -180,8 +195,9 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
     """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
 
     C and R come from a results file scaled to the target job by the job model (the
-    slowest of its nodes, the storage ceiling, metadata, restart), or are given directly;
-    the job MTBF is given, or computed from a preset or component rates.
+    slowest of its nodes, the storage ceiling, metadata, restart; R for the job restarting
+    on its restore layout, read by its DCP restore plan), or are given directly; the job
+    MTBF is given, or computed from a preset or component rates.
     """
     if plot is not None:
         check_output_path(plot, "--plot", ".png", force)
@@ -193,7 +209,8 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
         raise SpecError(f"--gpu-hour-price = {gpu_hour_price} must be >= 0")
     target = parse_fraction(target_goodput, "--target-goodput")
     measured = _measurements(results, bool(workload_path or checkpoint_size)) if results else []
-    checkpoint_bytes, workload, plan = _target_plan(workload_path, checkpoint_size, measured)
+    checkpoint_bytes, workload, plan = _target_plan(workload_path, checkpoint_size, measured,
+                                                    (restore_world_size, restore_layout))
     if gpus is None and workload is not None:
         gpus = workload.parallel.world_size
     ceiling = parse_rate(aggregate_bandwidth, "--aggregate-bandwidth") \
@@ -355,9 +372,10 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
     for p in (job.save, job.restore):
         if p is None:
             continue
+        nodes = (t.for_restore if p.phase == "restore" else t).nodes
         line = (f"  {p.phase}: per node, data only {format_rate(p.node_bandwidth)} (geometric"
                 f" mean, sigma {p.spread_sigma:.3g}, {p.samples} node samples); median node"
-                f" {p.median_node_s:.3g} s, slowest of {t.nodes:,} nodes {p.slowest_node_s:.3g} s")
+                f" {p.median_node_s:.3g} s, slowest of {nodes:,} nodes {p.slowest_node_s:.3g} s")
         if p.ceiling_s is not None:
             line += f", ceiling {p.ceiling_s:.3g} s" + (" (binding)" if p.capped else "")
         line += f" + metadata {p.metadata_s:.3g} s"

@@ -20,6 +20,7 @@ import xxhash
 from ckptbench.backends.base import ReadHandle
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import ChunkRead, FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.fill_ins import FillIns, restoring_ranks
 from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
@@ -37,16 +38,16 @@ def digest_positions(plan: Plan) -> np.ndarray:
 
 
 def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteration: int,
-                 seed: int, written: set[int] | None = None,
-                 layout: RegionLayout | None = None) -> tuple[list[FileJob], int, int]:
-    """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order), and
-    the reads and bytes left out because their file was not written (`written`: the file
-    indices a subset run wrote; None: all)."""
+                 seed: int, fill: FillIns | None = None, fill_in_at: str = "",
+                 layout: RegionLayout | None = None) -> list[FileJob]:
+    """The jobs of restore ranks `ranks` (one per rank and file, in the plan's order).
+    Files that have a fill-in (`fill`: a subset run did not write them) are read from it,
+    in the directory `fill_in_at`, at its packed offsets."""
     plan = rplan.save
     layout = layout or plan_layout(plan)
     digests = digest_positions(plan)
+    packed: dict[int, dict[int, tuple[int, int]]] = {}
     jobs: list[FileJob] = []
-    skipped = skipped_bytes = 0
     for r in ranks:
         current: FileJob | None = None
         for i in rplan.reads_of_rank(r).tolist():
@@ -54,24 +55,28 @@ def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteratio
             if n == 0:
                 continue  # an empty saved chunk: DCP reads its container, no payload
             f = int(plan.chunk_file[i])
-            if written is not None and f not in written:
-                skipped += 1
-                skipped_bytes += n
-                continue
+            filled = fill is not None and f in fill.chunks
             if current is None or current.index != f:
                 path = plan.file_paths[f]
-                current = FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", 0, [],
-                                  stream_key(seed, f, iteration), int(layout.base[f]),
-                                  layout.shared_size.get(path, 0), reads=[], reader=r)
+                if filled:
+                    assert fill is not None
+                    packed.setdefault(f, fill.packed(f))
+                    current = FileJob(f, int(plan.file_rank[f]), f"{fill_in_at}/{fill.name(f)}",
+                                      0, [], stream_key(seed, f, iteration), reads=[], reader=r)
+                else:
+                    current = FileJob(f, int(plan.file_rank[f]), f"{checkpoint}/{path}", 0, [],
+                                      stream_key(seed, f, iteration), int(layout.base[f]),
+                                      layout.shared_size.get(path, 0), reads=[], reader=r)
                 jobs.append(current)
             key = plan.keys[int(plan.chunk_key[i])]
-            start = int(plan.chunk_file_offset[i])
+            start, digest = packed[f][i] if filled else (int(plan.chunk_file_offset[i]),
+                                                         int(digests[i]))
             region = Region(start, start + n, key.name, key.dtype)
             current.regions.append(region)
             assert current.reads is not None
-            current.reads.append(ChunkRead(region, int(digests[i])))
+            current.reads.append(ChunkRead(region, digest))
             current.size += n
-    return jobs, skipped, skipped_bytes
+    return jobs
 
 
 def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int,
@@ -80,10 +85,7 @@ def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int
     the restore layout's ranks in contiguous groups; a subset run restores the ranks of
     the subset that exist in the restore layout. `shift` moves each position's group on
     by that many positions (no process reads back what its node wrote)."""
-    if len(all_ranks) == save_world:
-        ranks = list(range(restore_world))
-    else:
-        ranks = [r for r in all_ranks if r < restore_world]
+    ranks = restoring_ranks(all_ranks, save_world, restore_world)
     n = len(all_ranks)
     groups = [g.tolist() for g in np.array_split(np.array(ranks, dtype=np.int64), n)]
     pos = {r: k for k, r in enumerate(all_ranks)}
@@ -102,10 +104,13 @@ class RangedRestore(FormatBase):
     def _locate(self, job: FileJob, region: Region) -> str:  # pragma: no cover - RawFormat's
         raise NotImplementedError
 
-    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int]
-                       ) -> list[ThreadResult]:
+    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
+                       fill_ins: dict[str, Any] | None = None) -> list[ThreadResult]:
         """Every rank of `ranks` reads the manifest, then the jobs are read and verified.
-        The manifest reads are ops (``manifest``, with its size) of each rank."""
+        The manifest reads are ops (``manifest``, with its size) of each rank. `fill_ins`:
+        the entries (digests) of the jobs whose files were written as fill-ins, which the
+        checkpoint's manifest does not list."""
+        fill_ins = fill_ins or {}
         self._held = None
         nthreads = max(1, self.o.threads) * max(1, len(ranks))
         groups = assign_threads(jobs, nthreads, by_size) if jobs else []
@@ -119,7 +124,7 @@ class RangedRestore(FormatBase):
         manifests: list[dict[str, Any] | None] = [None] * len(ranks)
 
         def read_manifest(k: int) -> None:
-            mine = [j for j in jobs if j.reader == ranks[k]]
+            mine = [j for j in jobs if j.reader == ranks[k] and j.name not in fill_ins]
             try:
                 manifest, (t0, t1) = self.read_manifest(manifest_key, mine)
                 manifests[k] = manifest
@@ -136,7 +141,7 @@ class RangedRestore(FormatBase):
             t.join()
         if any(h.error for h in heads) or not jobs:
             return heads
-        expected = next(m for m in manifests if m is not None)["files"]
+        expected = {**next(m for m in manifests if m is not None)["files"], **fill_ins}
         results = [ThreadResult() for _ in groups]
         threads = []
         for ring, group, res in zip(rings, groups, results, strict=True):

@@ -24,7 +24,7 @@ from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.jobmodel.stragglers import LogNormalFit
 from ckptbench.records import read_records
 from ckptbench.report import throughput, view
-from ckptbench.spec import Workload, parse_workload
+from ckptbench.spec import RESTORE_KEYS, Workload, parse_workload
 
 PHASES = ("save", "restore")
 
@@ -128,7 +128,8 @@ def results_error(source: str, what: str) -> SpecError:
 
 
 def workload_of(run: Mapping[str, Any]) -> Workload | None:
-    """The full-size workload a run record names (None when it does not validate)."""
+    """The full-size workload a run record names, with the restore layout it ran (None
+    when it does not validate)."""
     data = run.get("workload")
     if not isinstance(data, dict):
         return None
@@ -136,6 +137,9 @@ def workload_of(run: Mapping[str, Any]) -> Workload | None:
     tables["model"] = {k: v for k, v in tables.get("model", {}).items()
                        if v or k in ("name", "layers", "dim", "heads", "kv_heads", "ffn_dim",
                                      "vocab_size")}
+    restore = data.get("restore")
+    if isinstance(restore, dict):  # the layout the run restored onto (DCP's reshard)
+        tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
     tables["workload"] = {"name": data.get("name", "workload")}
     try:
         return parse_workload(tables)

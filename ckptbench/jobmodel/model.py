@@ -15,6 +15,10 @@ The model, every step of which is printed with the answer:
 4. metadata: the measured manifest + commit time (save) or manifest read (restore) is
    added once, as measured;
 5. restart: R adds a restart overhead (given, or a documented default) to the restore.
+
+The restore's nodes and bytes are the job's restarting on its restore layout
+(``Target.for_restore``): what DCP's load planner gives each node's ranks, so a layout
+that reads replicas or reshards costs the bytes it reads.
 """
 
 from __future__ import annotations
@@ -116,6 +120,13 @@ class JobEstimate:
                 "mean_node_bytes": t.mean_node_bytes,
                 "heaviest_node_bytes": t.heaviest_node_bytes, "bytes_per_file": t.file_bytes,
                 "aggregate_bandwidth": t.ceiling, "placement": t.placement,
+                "restore": None if t.restore is None else {
+                    "layout": t.restore_layout, "gpus": t.restore.gpus,
+                    "nodes": t.restore.nodes, "read_bytes": t.restore.total_bytes,
+                    "amplification": t.restore.total_bytes / t.total_bytes,
+                    "mean_node_bytes": t.restore.mean_node_bytes,
+                    "heaviest_node_bytes": t.restore.heaviest_node_bytes,
+                    "placement": t.restore.placement},
             },
             "restart_overhead_s": self.restart_overhead_s,
         }
@@ -135,6 +146,16 @@ class JobEstimate:
             f"bytes per node: {t.placement} (heaviest node {format_bytes(t.heaviest_node_bytes)},"
             f" mean {format_bytes(t.mean_node_bytes)})",
         ]
+        r = t.restore
+        if r is not None:
+            out.append(f"restore: the job restarting on {t.restore_layout} ({r.gpus:,} GPUs ="
+                       f" {r.nodes:,} nodes) reads {format_bytes(r.total_bytes)},"
+                       f" {r.total_bytes / t.total_bytes:.3f}x the checkpoint, as its DCP restore"
+                       f" plan gives its ranks (heaviest node {format_bytes(r.heaviest_node_bytes)},"
+                       f" mean {format_bytes(r.mean_node_bytes)})")
+        elif self.restore is not None:
+            out.append("restore: each node reads back the bytes it saved (no restore plan:"
+                       " give --workload)")
         if t.ceiling is None:
             out.append("storage: no aggregate ceiling given, so it is assumed to scale with the"
                        " nodes (give --aggregate-bandwidth)")
@@ -182,7 +203,7 @@ def estimate(m: Measurement, t: Target, *, restart_overhead_s: float, restart_so
         raise refusal(found, combined_command(m, t, found), f"{source} {m.path}")
     return JobEstimate(
         measurement=m, target=t, save=phase_estimate(m.save, t),
-        restore=phase_estimate(m.restore, t) if m.restore is not None else None,
+        restore=phase_estimate(m.restore, t.for_restore) if m.restore is not None else None,
         restart_overhead_s=restart_overhead_s, restart_source=restart_source,
         warnings=tuple(found),
     )

@@ -4,6 +4,10 @@ From a workload the planner gives every rank's bytes, so nodes that hold more (t
 pipeline stages with the embeddings or the output layer) are known; consecutive ranks
 share a node, as torchrun and Slurm place them. Node byte counts are grouped to 0.1 %
 (rounded up), which keeps the straggler integral small for 16k-rank plans.
+
+The restore is the job restarting on its restore layout: with a restore plan, its nodes
+are that layout's, each reading what DCP's load planner gives its ranks (replicas and
+resharding read some saved bytes more than once), not what it wrote.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ckptbench.errors import SpecError
 
 if TYPE_CHECKING:
     from ckptbench.plan import Plan
+    from ckptbench.plan.restore import RestorePlan
 
 _BIN = math.log1p(1e-3)
 
@@ -35,6 +40,14 @@ class Target:
     ceiling: float | None  # aggregate storage bandwidth, bytes/s
     workload_path: str | None = None
     placement: str = "uniform"  # how bytes were spread over nodes
+    # The job restarting: its restore plan's nodes and bytes (None: as saved)
+    restore: Target | None = None
+    restore_layout: str | None = None  # the layout it restarts on, when a plan gave it
+
+    @property
+    def for_restore(self) -> Target:
+        """The job as its restore reads: the restore plan's, or the save's bytes."""
+        return self.restore or self
 
     @property
     def nodes(self) -> int:
@@ -92,9 +105,11 @@ def uniform(name: str, total_bytes: float, gpus: int, ranks_per_node: int,
 
 
 def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
-              ceiling: float | None = None, workload_path: str | None = None) -> Target:
-    """The job a plan describes, its ranks placed on nodes in order. With `gpus` other than
-    the plan's world size the plan's bytes are spread evenly over `gpus` ranks."""
+              ceiling: float | None = None, workload_path: str | None = None,
+              restore_plan: RestorePlan | None = None) -> Target:
+    """The job a plan describes, its ranks placed on nodes in order, and (`restore_plan`)
+    the job restarting on the restore plan's layout. With `gpus` other than the plan's
+    world size the plan's bytes are spread evenly over `gpus` ranks (no restore plan)."""
     name = plan.workload.name
     file_bytes = plan.total_bytes / plan.n_files if plan.n_files else None
     if gpus is not None and gpus != plan.world_size:
@@ -103,9 +118,23 @@ def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
                          "placement": f"uniform: --gpus {gpus} is not the plan's world size"
                                       f" {plan.world_size}"})
     ranks_per_node = _check(plan.world_size, ranks_per_node)
-    rank_bytes = plan.rank_bytes().astype(float)
+    restore = None if restore_plan is None else Target(
+        name, restore_plan.world_size, min(ranks_per_node, restore_plan.world_size),
+        float(restore_plan.total_bytes), _node_groups(restore_plan.rank_bytes(), ranks_per_node),
+        file_bytes, ceiling, workload_path,
+        placement=f"the restore plan onto {restore_plan.layout.label} (reads"
+                  f" {restore_plan.amplification:.3f}x the checkpoint): consecutive ranks on a node",
+        restore_layout=restore_plan.layout.label)
+    return Target(name, plan.world_size, ranks_per_node, float(plan.total_bytes),
+                  _node_groups(plan.rank_bytes(), ranks_per_node), file_bytes, ceiling,
+                  workload_path, placement="from the plan: consecutive ranks on a node",
+                  restore=restore, restore_layout=None if restore is None else restore.restore_layout)
+
+
+def _node_groups(rank_bytes: np.ndarray, ranks_per_node: int) -> tuple[tuple[float, int], ...]:
+    """Bytes of each node (consecutive ranks), grouped."""
+    rank_bytes = rank_bytes.astype(float)
+    ranks_per_node = min(ranks_per_node, len(rank_bytes))
     pad = (-len(rank_bytes)) % ranks_per_node
     node_bytes = np.concatenate([rank_bytes, np.zeros(pad)]).reshape(-1, ranks_per_node).sum(axis=1)
-    return Target(name, plan.world_size, ranks_per_node, float(plan.total_bytes),
-                  _groups(node_bytes), file_bytes, ceiling, workload_path,
-                  placement="from the plan: consecutive ranks on a node")
+    return _groups(node_bytes)

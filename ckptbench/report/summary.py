@@ -96,8 +96,9 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-RESTORE_FIELDS = ("restore_plan", "restore_world_size", "amplification", "file_readers_max",
-                  "file_readers_median")
+RESTORE_FIELDS = ("restore_plan", "restore_world_size", "restore_layout", "restore_ranks",
+                  "amplification", "planned_read_bytes", "fill_in_files", "fill_in_bytes",
+                  "file_readers_max", "file_readers_median")
 
 
 def restore_stats(phase_rec: dict[str, Any], manifest: list[tuple[float, int]]

@@ -174,6 +174,36 @@ def storage_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     return Grid("stored bytes (zarr: after the codec)", tuple(cols), tuple(rows))
 
 
+def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
+    """Restores that ran a restore plan: the layout restored onto, the bytes its plan gives
+    the restoring ranks and the bytes read, the job's amplification, and the fill-ins a
+    subset wrote for it off the clock (None when no run restored by a plan)."""
+    several = len(loaded) > 1
+    rows = []
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        for s in res["summary"]:
+            planned = s.get("planned_read_bytes")
+            if s["phase"] != "restore" or planned is None:
+                continue
+            rows.append(((name,) if several else ()) + (
+                s.get("restore_layout", f"world_size={s.get('restore_world_size', '?')}"),
+                f"{s.get('restore_ranks', '-')}/{s.get('restore_world_size', '-')}",
+                f"{planned / 2**30:.3f}", f"{s['bytes'] / 2**30:.3f}",
+                f"{s.get('amplification', 0.0):.3f}", f"{s.get('fill_in_bytes', 0) / 2**30:.3f}"))
+    if not rows:
+        return None
+    cols = ([Column("run", key=True, numeric=False)] if several else []) + [
+        Column("restore\nlayout", key=True, numeric=False), Column("ranks\nrun/all"),
+        Column("planned\nGiB"), Column("read\nGiB"),
+        Column("amplif.\njob"), Column("fill-in\nGiB")]
+    notes = ("planned: the bytes the DCP restore plan gives the restoring ranks; amplif.: "
+             "bytes the whole job reads on this layout over the checkpoint's bytes; fill-in: "
+             "the saved chunks a --ranks subset did not write but its restoring ranks read, "
+             "written off the clock before the restore (in no phase's figures; the record "
+             "names their files).",)
+    return Grid("restore plan", tuple(cols), tuple(rows), notes)
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -257,10 +287,11 @@ def render(console: Console, grid: Grid, width: int | None) -> None:
 
 
 def render_summary(console: Console, loaded: Sequence[dict[str, Any]], width: int | None) -> None:
-    """The summary table, the stored-bytes table when a run recorded stored bytes, and the
-    asynchronous checkpoints' table for --mode async runs."""
+    """The summary table, the restore plan's table when a restore ran one, the stored-bytes
+    table when a run recorded stored bytes, and the asynchronous checkpoints' table for
+    --mode async runs."""
     render(console, summary_grid(loaded), width)
-    for extra in (storage_grid(loaded), async_grid(loaded)):
+    for extra in (restore_plan_grid(loaded), storage_grid(loaded), async_grid(loaded)):
         if extra is not None:
             render(console, extra, width)
 

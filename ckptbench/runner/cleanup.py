@@ -27,6 +27,7 @@ from ckptbench.backends import Backend
 from ckptbench.backends.base import NameTaken, atomic_tmp
 from ckptbench.errors import BackendError
 from ckptbench.formats import format_class
+from ckptbench.formats.fill_ins import fill_in_dir, fill_in_names
 from ckptbench.plan import Plan
 
 if TYPE_CHECKING:
@@ -62,10 +63,13 @@ class RunNames:
 def run_names(plan: Plan, options: RunOptions, groups: list[list[int]]) -> RunNames:
     """The names a run of `plan` writes, its processes running plan ranks `groups`."""
     fmt = format_class(options.format)
+    its = range(1, options.iterations + 1)
+    fill = fill_in_names(plan, groups) if options.uses_restore_plan else []  # runner.fill_in
     files = [*fmt.written_names(plan, groups, options.format_options()), plan.manifest,
-             atomic_tmp(plan.manifest)]
+             atomic_tmp(plan.manifest), *fill]
     return RunNames(options.run_id,
-                    tuple(plan.checkpoint_name(i) for i in range(1, options.iterations + 1)),
+                    tuple([plan.checkpoint_name(i) for i in its]
+                          + [fill_in_dir(plan, i) for i in its if fill]),
                     tuple(dict.fromkeys(files)), plan.manifest)
 
 

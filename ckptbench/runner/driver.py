@@ -7,6 +7,9 @@ claim     process 0 creates the checkpoint's directory, exclusively (one that ex
           someone else's: the run stops, never writes into it)
 save      the format writes (behind a barrier: the clock starts there) -> gather digests
           and timed ops to process 0 -> process 0 commits the manifest atomically
+fill-in   a --ranks subset restoring by the DCP plan: process 0 writes the chunks its
+          restoring ranks read from files the subset did not write, off the clock
+          (runner.fill_in; removed once the restore is done)
 cache     each process evicts its files from caches; process 0 drops the host's page
           cache where the backend can (or O_DIRECT made it moot)
 restore   the format reads the manifest, then every chunk, and checks every digest: with
@@ -44,6 +47,7 @@ from ckptbench.formats.base import (
     manifest_files,
     now,
 )
+from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
 from ckptbench.formats.manifest import encode_manifest
 from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
@@ -58,6 +62,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
+from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
 from ckptbench.runner.sequence import steps
@@ -114,12 +119,13 @@ class Iterations:
         self.made = names if names is not None else RunNames(options.run_id, (), ())
         self.rplan = restore_plan_of(plan) if options.uses_restore_plan else None
         self.restore_ranks: list[int] = []
-        self.written: set[int] | None = None
+        # A subset run wrote only its ranks' files: the others its restoring ranks read
+        # are written as fill-ins before each restore (runner.fill_in)
+        self.fill = FillIns(plan, {})
         if self.rplan is not None:
             self.restore_ranks = restore_positions(my_ranks, all_ranks, plan.world_size,
                                                    self.rplan.world_size, options.restore_shift)
-            if len(all_ranks) < plan.world_size:  # a subset run wrote only its ranks' files
-                self.written = {f for r in all_ranks for f in plan.files_of_rank(r)}
+            self.fill = fill_ins_of(self.rplan, all_ranks)
         self.restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
 
     def checkpoint(self, it: int) -> str:
@@ -154,7 +160,8 @@ class Iterations:
         plan, comm, options = self.plan, self.comm, self.options
         name, ckpt, saved_as = plan.checkpoint_name(it), self.checkpoint(it), self.saved_as(it)
         coordinator = comm.rank == 0
-        methods = _evict(self.fmt, self.jobs(it), self.backend, comm, options)
+        fill_jobs, fill_digests = write_fill_ins(self, it) if options.restore else ([], {})
+        methods = _evict(self.fmt, self.jobs(it) + fill_jobs, self.backend, comm, options)
         if options.restore:
             manifest_key = f"{ckpt}/{plan.manifest}"
             manifest_t: tuple[int, int] | None = None
@@ -163,10 +170,12 @@ class Iterations:
             try:
                 with self.watched.watching(f"the restore of {name}"):
                     if self.rplan is not None:
-                        rjobs, _, _ = restore_jobs(self.rplan, self.restore_ranks, ckpt,
-                                                   saved_as, options.seed, self.written)
+                        rjobs = restore_jobs(self.rplan, self.restore_ranks, ckpt, saved_as,
+                                             options.seed, self.fill, fill_in_at(self, it))
+                        filled = {j.name: {"digests": fill_digests[j.index]} for j in rjobs
+                                  if j.index in fill_digests}
                         rresults = self.fmt.restore_ranged(  # type: ignore[attr-defined]
-                            rjobs, manifest_key, self.restore_ranks)
+                            rjobs, manifest_key, self.restore_ranks, filled)
                     else:
                         read_ranks = _restore_ranks(self.my_ranks, self.all_ranks,
                                                     options.restore_shift)
@@ -182,9 +191,11 @@ class Iterations:
             rgathered = comm.gather(mine)
             if coordinator:
                 assert rgathered is not None and methods is not None
+                if self.fill:  # never kept: --keep keeps what the save wrote
+                    remove_checkpoint(self.backend, self.made, fill_in_dir(plan, it))
                 decision = _finish_restore(
                     plan, it, rgathered, methods, options, self.sink,
-                    _restore_facts(plan, self.rplan, self.all_ranks, self.written))
+                    _restore_facts(plan, self.rplan, self.all_ranks, self.fill))
                 if not decision["ok"] and not (options.keep or self.restore_only):
                     remove_checkpoint(self.backend, self.made, name)
             _agree(comm, decision)
@@ -254,29 +265,24 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
 
 
 def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
-                   written: set[int] | None) -> dict[str, Any]:
+                   fill: FillIns) -> dict[str, Any]:
     """What the restore phase record says of the plan it ran: the restore layout, the
     ranks that ran, the bytes they were to read and the plan's amplification (bytes read
-    over the checkpoint's; each file read back once: 1)."""
+    over the checkpoint's; each file read back once: 1), and the fill-ins written for it
+    (off the clock; none for a run of every rank)."""
     if rplan is None:
         planned = plan.bytes_of_ranks(all_ranks)
         return {"restore_plan": "files", "restore_world_size": plan.world_size,
                 "restore_layout": plan.workload.parallel.label,
                 "restore_ranks": len(all_ranks), "amplification": 1.0 if planned else 0.0,
                 "planned_read_bytes": planned}
-    ranks = (list(range(rplan.world_size)) if written is None
-             else [r for r in all_ranks if r < rplan.world_size])
-    out: dict[str, Any] = {
+    ranks = restoring_ranks(all_ranks, plan.world_size, rplan.world_size)
+    return {
         "restore_plan": rplan.source, "restore_world_size": rplan.world_size,
-        "restore_layout": rplan.layout.label,
-        "restore_ranks": len(ranks), "amplification": rplan.amplification,
-        "planned_read_bytes": rplan.bytes_of_ranks(ranks),
+        "restore_layout": rplan.layout.label, "restore_ranks": len(ranks),
+        "amplification": rplan.amplification, "planned_read_bytes": rplan.bytes_of_ranks(ranks),
+        "fill_in_files": fill.names(), "fill_in_bytes": fill.total_bytes,
     }
-    if written is not None:
-        out["reads_outside_subset"] = sum(
-            1 for r in ranks for i in rplan.reads_of_rank(r).tolist()
-            if plan.chunk_nbytes[i] and int(plan.chunk_file[i]) not in written)
-    return out
 
 
 def _measured(gathered: list[PhaseReport]) -> dict[str, Any]:

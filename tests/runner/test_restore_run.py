@@ -176,3 +176,96 @@ def test_restore_command_refuses_a_path_that_is_no_checkpoint(tmp_path):
     assert r.returncode == 2 and "allowed: TARGET/RUN_ID/CHECKPOINT" in r.stderr
     r = ckptbench("restore", str(tmp_path / "a" / "b" / "c"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+
+
+# --- subsets: the files the subset did not write are written as fill-ins, off the clock ---
+SUBSET_LAYOUTS = [  # 2 restoring ranks read 4 ranks' files; HSDP: 2 ranks of 8
+    ({"world_size": 2, "tp": 1}, ("--restore-world-size", "2", "--restore-layout", "tp=1")),
+    ({"world_size": 8, "dp_replicate": 2}, ("--restore-layout", "world_size=8,dp_replicate=2")),
+]
+
+
+def planned_of(layout: dict[str, int], ranks: list[int]) -> dict[tuple[int, str], int]:
+    return {k: v for k, v in planned_reads(layout).items() if k[0] in ranks}
+
+
+def fill_in_bytes(layout: dict[str, int]) -> int:
+    """Bytes of the distinct saved chunks restore ranks 0-1 read from files 2 and 3."""
+    rplan = build_restore_plan(build_plan(with_restore(load_workload(TINY), layout, "test")))
+    save = rplan.save
+    chunks = {i for r in (0, 1) for i in rplan.reads_of_rank(r).tolist()
+              if save.file_paths[int(save.chunk_file[i])] in ("__2_0.distcp", "__3_0.distcp")}
+    return sum(int(save.chunk_nbytes[i]) for i in chunks)
+
+
+def check_subset_restore(recs: list[dict[str, Any]], layout: dict[str, int]) -> None:
+    """Ranks 0-1 of the restore layout read exactly their planned bytes, file by file
+    (fill-ins included), verified; the fill-ins are named and in no phase's bytes."""
+    planned = planned_of(layout, [0, 1])
+    for phase in [x for x in recs if x["type"] == "phase" and x["phase"] == "restore"]:
+        assert phase["verified"] and phase["mismatched_chunks"] == 0
+        assert phase["restore_world_size"] == layout["world_size"] and phase["restore_ranks"] == 2
+        assert phase["planned_read_bytes"] == sum(planned.values())
+        # the fill-ins hold the chunks ranks 0-1 read from ranks 2-3's files, each once
+        assert phase["fill_in_files"] == ["__2_0.distcp", "__3_0.distcp"]
+        assert phase["fill_in_bytes"] == fill_in_bytes(layout)
+        assert measured_reads([x for x in recs if x.get("iteration") == phase["iteration"]]) \
+            == planned
+    assert not [x for x in recs if x["type"] == "op" and x.get("file") in
+                ("__2_0.distcp", "__3_0.distcp") and x["phase"] == "save"]
+    (restore,) = [s for s in recs if s["type"] == "summary" and s["phase"] == "restore"]
+    assert restore["bytes"] == restore["planned_read_bytes"] == sum(planned.values())
+    assert restore["restore_layout"] == ",".join(
+        [f"world_size={layout['world_size']}"]
+        + [f"{k}={v}" for k, v in {"tp": 2, **layout}.items() if k != "world_size" and v != 1])
+
+
+@pytest.mark.parametrize(("layout", "flag"), SUBSET_LAYOUTS)
+def test_subset_run_restored_onto_another_layout_reads_its_plan(tmp_path, layout, flag):
+    results = tmp_path / "r.jsonl"
+    r = ckptbench("run", str(TINY), "--target", str(tmp_path / "data"), "--results",
+                  str(results), "--ranks", "0-1", *flag, "--keep")
+    assert r.returncode == 0, r.stderr
+    recs = records(results)
+    check_subset_restore(recs, layout)
+    (save,) = [s for s in recs if s["type"] == "summary" and s["phase"] == "save"]
+    plan = build_plan(load_workload(TINY))
+    assert save["bytes"] == plan.bytes_of_ranks([0, 1])  # the fill-ins are not the save's
+    # --keep keeps what the save wrote: the fill-ins are gone, by name
+    (run_dir,) = (tmp_path / "data").glob("run-*")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint-1"]
+    assert sorted(p.name for p in (run_dir / "checkpoint-1").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.parametrize(("layout", "flag"), SUBSET_LAYOUTS)
+def test_restore_command_of_a_kept_subset_reads_its_plan(tmp_path, layout, flag):
+    data = tmp_path / "data"
+    r = ckptbench("run", str(TINY), "--target", str(data), "--ranks", "0-1", "--keep",
+                  "--no-restore", "--results", str(tmp_path / "save.jsonl"))
+    assert r.returncode == 0, r.stderr
+    (ckpt,) = data.glob("run-*/checkpoint-1")
+    before = sorted(p.name for p in ckpt.iterdir())
+    results = tmp_path / "again.jsonl"
+    r = ckptbench("restore", str(ckpt), *flag, "--results", str(results), "--iterations", "2")
+    assert r.returncode == 0, r.stderr
+    check_subset_restore(records(results), layout)
+    assert sorted(p.name for p in ckpt.iterdir()) == before  # the kept checkpoint as it was
+    assert not list(data.glob("**/*-fill-in")) and not list(data.glob("run-*/*/__2_0.distcp"))
+
+
+def test_a_subset_records_its_fill_ins_in_its_intent():
+    from ckptbench.runner.cleanup import run_names
+    from ckptbench.runner.options import RunOptions
+
+    plan = build_plan(with_restore(load_workload(TINY), {"world_size": 2, "tp": 1}, "test"))
+    names = run_names(plan, RunOptions(iterations=2), [[0], [1]])
+    assert names.checkpoints == ("checkpoint-1", "checkpoint-2", "checkpoint-1-fill-in",
+                                 "checkpoint-2-fill-in")
+    # HSDP onto 8 ranks: ranks 0-1 read a few small chunks of ranks 2-3's files, and only
+    # those are written (not the whole files)
+    hsdp = {"world_size": 8, "dp_replicate": 2}
+    assert 0 < fill_in_bytes(hsdp) < build_plan(load_workload(TINY)).file_bytes[2] // 100
+    assert {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"} <= set(names.files)
+    every = run_names(plan, RunOptions(iterations=2), [[0], [1], [2], [3]])
+    assert every.checkpoints == ("checkpoint-1", "checkpoint-2")  # no fill-ins

@@ -1,0 +1,79 @@
+"""Writing the fill-ins (formats.fill_ins) of a subset run's restore, off the clock.
+
+A run of some of the plan's ranks (``--ranks``, MLPerf's subset mode; ``ckptbench
+restore`` of a checkpoint such a run kept) saves only those ranks' files, but with the
+DCP restore plan its restoring ranks read saved chunks other ranks wrote. Before each
+restore process 0 writes those chunks, as fill-ins with the payload rules of every file,
+into a directory of the run's own beside its checkpoints (``checkpoint-N-fill-in``). The
+restore then reads exactly the plan's bytes for its ranks and verifies every chunk, the
+fill-ins' against the digests taken as they were written. Their names are in the run's
+intent like every other file; they are removed once the restore that needed them is done
+(``--keep`` keeps what the save wrote, not them); their writes are in no phase's
+figures. The restore record names them and their bytes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ckptbench.errors import RunFailed, describe_error
+from ckptbench.formats.base import FileJob, first_error
+from ckptbench.formats.fill_ins import fill_in_dir
+from ckptbench.records import ErrorRecord
+from ckptbench.runner.cleanup import remove_checkpoint
+
+if TYPE_CHECKING:
+    from ckptbench.runner.driver import Iterations
+
+
+def fill_in_at(run: Iterations, it: int) -> str:
+    """Where iteration `it`'s restore finds its fill-ins: beside the run's checkpoints."""
+    return f"{run.options.run_id}/{fill_in_dir(run.plan, it)}"
+
+
+def _quiet(n: int) -> None:
+    """Fill-ins move no bytes of the measured phases (no progress, no stall ticks)."""
+    del n
+
+
+def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, list[int]]]:
+    """Collective: process 0 writes the fill-ins of iteration `it`'s restore (none for a
+    run of every rank). Returns process 0's jobs (evicted from caches with the rest) and,
+    on every process, each fill-in's chunk digests; RunFailed everywhere when a write
+    fails (its fill-ins removed, an error record written)."""
+    if not run.fill:
+        return [], {}
+    comm, root = run.comm, run.comm.rank == 0
+    where = fill_in_at(run, it)
+    jobs = run.fill.jobs(where, run.saved_as(it), run.options.seed) if root else []
+    fmt: Any = run.fmt
+    progress, fmt.progress = fmt.progress, _quiet
+    try:
+        if root:
+            run.backend.create_dir(where)
+        results = fmt.save(jobs)
+        err = first_error(results)
+    except BaseException as exc:
+        results, err = [], exc
+    finally:
+        fmt.progress = progress
+    errors = comm.gather(describe_error(err) if err is not None else None)
+    decision: dict[str, Any] | None = None
+    if root:
+        assert errors is not None
+        failure = next((e for e in errors if e is not None), None)
+        decision = {"ok": True, "digests": {f: d for r in results for f, d in r.digests.items()}}
+        if failure is not None:
+            remove_checkpoint(run.backend, run.made, fill_in_dir(run.plan, it))
+            message = f"writing the fill-ins in {where}: {failure[1]}"
+            if run.sink:
+                run.sink.write(ErrorRecord(it, "restore", failure[0], message))
+            decision = {"ok": False, "kind": failure[0], "message": message}
+    decision = comm.bcast(decision)
+    assert decision is not None
+    if not decision["ok"]:
+        raise RunFailed(decision["message"], decision["kind"])
+    return jobs, decision["digests"]
+
+
+__all__ = ["fill_in_at", "write_fill_ins"]
