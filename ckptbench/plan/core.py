@@ -165,24 +165,30 @@ def finalize(
     checkpoint_dir: str,
 ) -> Plan:
     """Sort chunks by file (stable: the given order is the order inside each file) and
-    lay them out back to back, giving each its byte offset within its file."""
-    order = np.argsort(chunk_file, kind="stable")
-    nbytes = chunk_nbytes[order]
-    files = chunk_file[order]
-    ends = np.cumsum(nbytes)
-    starts = ends - nbytes
-    first_in_file = np.searchsorted(files, files, side="left")
-    file_offset = starts - starts[first_in_file] if len(starts) else starts
+    lay them out back to back, giving each its byte offset within its file. Chunks that
+    come sorted (the usual case) are not copied."""
+    if len(chunk_file) and not np.all(chunk_file[1:] >= chunk_file[:-1]):
+        order = np.argsort(chunk_file, kind="stable")
+        chunk_key, chunk_offsets, chunk_sizes, chunk_nbytes, chunk_file = (
+            a[order] for a in (chunk_key, chunk_offsets, chunk_sizes, chunk_nbytes, chunk_file))
+    n = len(chunk_file)
+    file_offset = np.cumsum(chunk_nbytes, dtype=np.int64)
+    file_offset -= chunk_nbytes  # each chunk's start in the whole stream
+    if n:
+        starts = np.flatnonzero(chunk_file[1:] != chunk_file[:-1]) + 1
+        run_start = np.concatenate([[0], starts])
+        run_len = np.diff(np.concatenate([run_start, [n]]))
+        file_offset -= np.repeat(file_offset[run_start], run_len)
     return Plan(
         workload=workload,
         keys=tuple(keys),
-        chunk_key=chunk_key[order].astype(np.int32),
-        chunk_offsets=chunk_offsets[order],
-        chunk_sizes=chunk_sizes[order],
-        chunk_nbytes=nbytes.astype(np.int64),
-        chunk_file=files.astype(np.int32),
-        chunk_file_offset=file_offset.astype(np.int64),
+        chunk_key=chunk_key.astype(np.int32, copy=False),
+        chunk_offsets=chunk_offsets,
+        chunk_sizes=chunk_sizes,
+        chunk_nbytes=chunk_nbytes.astype(np.int64, copy=False),
+        chunk_file=chunk_file.astype(np.int32, copy=False),
+        chunk_file_offset=file_offset,
         file_paths=tuple(file_paths),
-        file_rank=file_rank.astype(np.int32),
+        file_rank=file_rank.astype(np.int32, copy=False),
         checkpoint_dir=checkpoint_dir,
     )

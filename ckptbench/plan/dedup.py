@@ -9,48 +9,44 @@ in Python set order, as ``min`` over the set does in torch.
 
 Only replicated items need a decision. When one is reached in rank q's block, holders
 after q have received only replicated items so far, while q's own plan also holds its
-unique items seen before this one; a running sum per rank and a prefix sum of unique
-sizes per block give every plan's size exactly, without walking unique items one by one.
+unique items seen before this one (`own`, known from prefix sums); so the walk visits
+replicated items only. Holder sets repeat (the 8 TP ranks of a norm's piece hold it
+for every layer and every state entry), so each set's iteration order is built once
+and a plan's sizes are gathered with one C-level ``itemgetter`` call per item.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import itemgetter
+
 import numpy as np
 
 
-def assign_writers(
-    first_holder: np.ndarray,
-    holder_ptr: np.ndarray,
-    holders: np.ndarray,
-    weight: np.ndarray,
-    world_size: int,
-) -> np.ndarray:
-    """Writer rank of each item; items must be in stream order (block, then plan order).
+def assign_replicated(set_id: np.ndarray, own: np.ndarray, weight: np.ndarray,
+                      holders_of: Callable[[int], np.ndarray], world_size: int) -> np.ndarray:
+    """Writer rank of each replicated item, items in stream order (block, then plan order).
 
-    `weight` is what DCP adds to a plan per item: the global tensor bytes (1 for
-    non-tensor items)."""
-    writer = first_holder.astype(np.int32).copy()
-    counts = np.diff(holder_ptr)
-    replicated = np.flatnonzero(counts > 1)
-    if len(replicated) == 0:
-        return writer
-    size = np.maximum(weight, 1).astype(np.int64)
-    unique_size = np.where(counts == 1, size, 0)
-    before = np.cumsum(unique_size) - unique_size  # unique bytes earlier in the stream
-    block_start = np.searchsorted(first_holder, first_holder, side="left")
-    prefix = (before - before[block_start])[replicated].tolist()
-
+    `set_id` names each item's holder set (`holders_of` gives its ranks, ascending; the
+    first is the block's rank q); `own` is q's unique weight earlier in its block;
+    `weight` is what DCP adds to a plan per item (global tensor bytes, at least 1)."""
     planned = [0] * world_size
-    sizes = size[replicated].tolist()
-    firsts = first_holder[replicated].tolist()
-    starts = holder_ptr[replicated].tolist()
-    ends = holder_ptr[replicated + 1].tolist()
-    chosen = np.empty(len(replicated), dtype=np.int32)
-    for j in range(len(replicated)):
-        q, own = firsts[j], prefix[j]
-        candidates = set(holders[starts[j]:ends[j]].tolist())
-        best = min(candidates, key=lambda p: planned[p] + own if p == q else planned[p])
-        planned[best] += sizes[j]
+    distinct, index = np.unique(set_id, return_inverse=True)
+    orders, gets, firsts = [], [], []
+    for sid in distinct.tolist():
+        ranks = holders_of(sid).tolist()
+        order = tuple(set(ranks))  # torch's min walks a set: ties go by set order
+        orders.append(order)
+        gets.append(itemgetter(*order))
+        firsts.append(ranks[0])
+    chosen = [0] * len(index)
+    for j, (s, own_j, size) in enumerate(zip(index.reshape(-1).tolist(), own.tolist(),
+                                             weight.tolist(), strict=True)):
+        q = firsts[s]
+        planned[q] += own_j  # q's plan also holds its unique items so far
+        sizes = gets[s](planned)
+        planned[q] -= own_j
+        best = orders[s][sizes.index(min(sizes))]
+        planned[best] += size
         chosen[j] = best
-    writer[replicated] = chosen
-    return writer
+    return np.array(chosen, dtype=np.int64)

@@ -23,15 +23,18 @@ rank's first read.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ckptbench.models import model_tensors
+from ckptbench.plan.bounds import check_restore_size
 from ckptbench.plan.core import Plan
 from ckptbench.plan.dtensor import gather_ranges, piece_groups
 from ckptbench.plan.mesh import stage_mesh
+from ckptbench.plan.order import lex_order, stable_argsort
 from ckptbench.plan.pipeline import split_by_stage
 from ckptbench.plan.sharding import MAX_DIMS
 from ckptbench.plan.state import model_entry, optimizer_entries
@@ -114,11 +117,17 @@ def build_restore_plan(plan: Plan) -> RestorePlan:
     w = plan.workload
     if w.parallel.layout == "megatron-deepspeed":
         return own_files_plan(plan, "dlio")
-    read_rank, read_chunk = _dcp_reads(plan)
-    order = _dcp_order(plan, read_rank, read_chunk)
-    read_rank, read_chunk = read_rank[order], read_chunk[order]
+    check_restore_size(w)
     world = w.restore_parallel.world_size
-    ptr = np.searchsorted(read_rank, np.arange(world + 1))
+    pos, _ = _chunk_positions(plan)
+    counts = np.zeros(world, dtype=np.int64)
+    parts: list[np.ndarray] = []
+    # Stage by stage: a stage's ranks are consecutive and read only its tensors.
+    for first_rank, ranks, rank, chunk in _dcp_reads(plan):
+        parts.append(chunk[_dcp_order(plan, pos, rank, chunk)])
+        counts[first_rank:first_rank + ranks] = np.bincount(rank, minlength=ranks)
+    read_chunk = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)])
     return RestorePlan(plan, w.restore_parallel, read_chunk, ptr, "dcp")
 
 
@@ -176,8 +185,10 @@ def restore_pieces(rplan: RestorePlan, rank: int) -> list[tuple[int, tuple[int, 
     return sorted(out)
 
 
-def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """(restore rank, saved chunk) of every read, unordered."""
+def _dcp_reads(plan: Plan) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Per restore stage: (first rank, ranks, stage-local rank of every read, saved chunk
+    of every read), keys in id order and, for one key, reads by rank then by the
+    saved chunks' canonical order (offsets, then sizes)."""
     w = plan.workload
     layout = w.restore_parallel
     restore_w = replace(w, parallel=layout)
@@ -185,18 +196,17 @@ def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     off, size = plan.chunk_offsets, plan.chunk_sizes
     # Each key's chunks in one canonical order (by offsets, then sizes): all the keys of
     # a parameter have the same pieces, so position p means the same piece in each.
-    canon = np.lexsort((size[:, 2], size[:, 1], size[:, 0], off[:, 2], off[:, 1], off[:, 0],
-                        plan.chunk_key))
-    key_ptr = np.searchsorted(plan.chunk_key[canon], np.arange(len(plan.keys) + 1))
-    ranks: list[np.ndarray] = []
-    chunks: list[np.ndarray] = []
+    canon = lex_order((size[:, 2], size[:, 1], size[:, 0], off[:, 2], off[:, 1], off[:, 0],
+                       plan.chunk_key))
+    key_ptr = np.concatenate([[0], np.cumsum(np.bincount(plan.chunk_key, minlength=len(plan.keys)))])
     by_stage = split_by_stage(model_tensors(w.model), w.model.layers, layout.pp)
     # Layers repeat: tensors of one shape and role have the same pieces in every stage
     # (ranks aside) and the same saved chunks, so their overlaps are computed once.
     cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for stage, tensors in enumerate(by_stage):
         mesh = stage_mesh(layout, stage)
-        first_rank = int(mesh.ranks[0])
+        first_rank, ranks = int(mesh.ranks[0]), len(mesh.ranks)
+        blocks: list[tuple[int, np.ndarray, np.ndarray]] = []
         for t in tensors:
             k0 = key_ids[f"model.{t.fqn}"]
             a, b = int(key_ptr[k0]), int(key_ptr[k0 + 1])
@@ -208,37 +218,54 @@ def _dcp_reads(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
                 group, pos = overlaps(g_off, g_size, off[saved], size[saved], len(t.shape))
                 holder_ptr = np.concatenate([[0], np.cumsum(g_count)])
                 local = holders[gather_ranges(holder_ptr, group)].astype(np.int64) - first_rank
-                hit = cache[(t.shape, t.role)] = (off[saved], size[saved], local,
-                                                  np.repeat(pos, g_count[group]))
-            holder_rank, holder_pos = hit[2] + first_rank, hit[3]
+                pos = np.repeat(pos, g_count[group])
+                by_rank = lex_order((pos, local))
+                hit = cache[(t.shape, t.role)] = (off[saved], size[saved], local[by_rank],
+                                                  pos[by_rank])
             for entry in [model_entry(t, w.state), *optimizer_entries(t, w.state)]:
                 k = key_ids[entry.name]
                 if entry.scalar:  # a plain 0-d tensor: every rank of the stage reads it
-                    ranks.append(mesh.ranks.astype(np.int64))
-                    chunks.append(np.full(len(mesh.ranks), canon[key_ptr[k]], dtype=np.int64))
+                    blocks.append((k, np.arange(ranks, dtype=np.int64),
+                                   np.full(ranks, canon[key_ptr[k]], dtype=np.int64)))
                     continue
                 if key_ptr[k + 1] - key_ptr[k] != b - a:
                     raise ValueError(f"{entry.name}: pieces differ from model.{t.fqn}'s")
-                ranks.append(holder_rank)
-                chunks.append(canon[key_ptr[k] + holder_pos])
-    if not ranks:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(ranks), np.concatenate(chunks).astype(np.int64)
+                blocks.append((k, hit[2], canon[key_ptr[k] + hit[3]]))
+        if blocks:
+            blocks.sort(key=lambda block: block[0])
+            yield (first_rank, ranks, np.concatenate([bl[1] for bl in blocks]),
+                   np.concatenate([bl[2] for bl in blocks]))
 
 
-def _dcp_order(plan: Plan, rank: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-    """Permutation putting reads in DCP's order: by rank; inside a rank, files in order of
-    first appearance in the load plan (key, then writer rank), items in that order."""
+def _dcp_order(plan: Plan, pos: np.ndarray, rank: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """Permutation putting one stage's reads (as _dcp_reads gives them) in DCP's order: by
+    rank; inside a rank, files in order of first appearance in the load plan (key, then
+    the key's chunks in DCP's order), items in that order."""
     n = len(rank)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    pos, per_key = _chunk_positions(plan)
-    item = (rank * len(plan.keys) + plan.chunk_key[chunk].astype(np.int64)) * per_key + pos[chunk]
-    by_item = np.argsort(item)  # items are unique: no need for a stable sort
-    group = rank[by_item] * plan.n_files + plan.chunk_file[chunk[by_item]].astype(np.int64)
-    _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
-    regroup = np.argsort(first[inverse.reshape(-1)].astype(np.int64) * n + np.arange(n))
-    return by_item[regroup]
+    key, p = plan.chunk_key[chunk], pos[chunk]
+    same_key, same_rank = key[1:] == key[:-1], rank[1:] == rank[:-1]
+    in_order = (key[1:] > key[:-1]) | same_key & (
+        (rank[1:] > rank[:-1]) | same_rank & (p[1:] > p[:-1]))
+    # Reads come by key, then rank, then (nearly always) DCP's chunk order; a stable
+    # sort by rank then gives (rank, key, position).
+    order = (np.arange(n) if bool(np.all(in_order))
+             else lex_order((p, rank, key.astype(np.int64))))
+    # Group each rank's reads by file, reads in (key, position) order in each group; then
+    # put a rank's groups in order of their first read.
+    files = plan.chunk_file[chunk[order]].astype(np.int64)
+    grouped = stable_argsort(files - files.min())
+    grouped = grouped[stable_argsort(rank[order][grouped])]
+    r, f = rank[order][grouped], files[grouped]
+    starts = np.flatnonzero(np.concatenate([[True], (r[1:] != r[:-1]) | (f[1:] != f[:-1])]))
+    first = grouped[starts]
+    if np.all((r[starts][1:] > r[starts][:-1]) | (first[1:] > first[:-1])):
+        out: np.ndarray = order[grouped]  # each rank's files already come in order of first read
+        return out
+    runs = lex_order((first, r[starts]))
+    out = order[grouped[gather_ranges(np.concatenate([starts, [n]]), runs)]]
+    return out
 
 
 def _chunk_positions(plan: Plan) -> tuple[np.ndarray, int]:
@@ -256,10 +283,11 @@ def _chunk_positions(plan: Plan) -> tuple[np.ndarray, int]:
     end = plan.chunk_offsets[rows, sweep] + plan.chunk_sizes[rows, sweep]
     end = np.where(ndims[plan.chunk_key] == 0, 1, end)
     writer = plan.file_rank[plan.chunk_file]
-    order = np.lexsort((writer, end, plan.chunk_key))
-    first = np.searchsorted(plan.chunk_key[order], plan.chunk_key[order], side="left")
+    order = lex_order((writer, end, plan.chunk_key))
+    key_start = np.concatenate([[0], np.cumsum(np.bincount(plan.chunk_key,
+                                                           minlength=len(plan.keys)))])
     pos = np.empty(plan.n_chunks, dtype=np.int64)
-    pos[order] = np.arange(plan.n_chunks) - first
+    pos[order] = np.arange(plan.n_chunks) - key_start[plan.chunk_key[order]]
     return pos, int(pos.max()) + 1 if plan.n_chunks else 1
 
 
