@@ -272,9 +272,7 @@ def gather_ranges(ptr: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Concatenate ranges [ptr[i], ptr[i+1]) for i in order, vectorized."""
     starts = ptr[order]
     lengths = ptr[order + 1] - starts
-    total = int(lengths.sum())
-    out_ptr = np.concatenate([[0], np.cumsum(lengths)])
-    idx = np.arange(total, dtype=np.int64)
-    seg = np.repeat(np.arange(len(order)), lengths)
-    out: np.ndarray = starts[seg] + (idx - out_ptr[seg])
+    out_start = np.cumsum(lengths) - lengths
+    out: np.ndarray = np.repeat(starts - out_start, lengths)
+    out += np.arange(len(out), dtype=out.dtype)
     return out

@@ -18,9 +18,12 @@ _RADIX_MAX = 1 << 16
 
 def stable_argsort(values: np.ndarray) -> np.ndarray:
     """np.argsort(kind="stable") of non-negative integers, by radix sort when they fit
-    16 bits."""
-    if len(values) and int(values.max()) < _RADIX_MAX:
+    16 bits (and on half the bytes when they fit 31)."""
+    top = int(values.max()) if len(values) else 0
+    if top < _RADIX_MAX:
         values = values.astype(np.uint16)
+    elif top < 1 << 31:
+        values = values.astype(np.int32, copy=False)
     out: np.ndarray = np.argsort(values, kind="stable")
     return out
 
@@ -40,12 +43,12 @@ def lex_order(columns: Sequence[np.ndarray]) -> np.ndarray:
         if b == 0:
             continue
         if word is not None and used + b <= _WORD_BITS:
-            word = (word << b) | c.astype(np.int64)
+            word = (word << b) | c
             used += b
             continue
         if word is not None:
             words.append(word)
-        word, used = c.astype(np.int64), b
+        word, used = c.astype(np.int64, copy=False), b
     if word is None:
         return np.arange(n, dtype=np.int64)
     words.append(word)

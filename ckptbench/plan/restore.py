@@ -197,7 +197,7 @@ def _dcp_reads(plan: Plan) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     # Each key's chunks in one canonical order (by offsets, then sizes): all the keys of
     # a parameter have the same pieces, so position p means the same piece in each.
     canon = lex_order((size[:, 2], size[:, 1], size[:, 0], off[:, 2], off[:, 1], off[:, 0],
-                       plan.chunk_key))
+                       plan.chunk_key)).astype(np.int32 if plan.n_chunks < 2**31 else np.int64)
     key_ptr = np.concatenate([[0], np.cumsum(np.bincount(plan.chunk_key, minlength=len(plan.keys)))])
     by_stage = split_by_stage(model_tensors(w.model), w.model.layers, layout.pp)
     # Layers repeat: tensors of one shape and role have the same pieces in every stage
@@ -220,13 +220,13 @@ def _dcp_reads(plan: Plan) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
                 local = holders[gather_ranges(holder_ptr, group)].astype(np.int64) - first_rank
                 pos = np.repeat(pos, g_count[group])
                 by_rank = lex_order((pos, local))
-                hit = cache[(t.shape, t.role)] = (off[saved], size[saved], local[by_rank],
-                                                  pos[by_rank])
+                hit = cache[(t.shape, t.role)] = (off[saved], size[saved],
+                                                  local[by_rank].astype(np.int32), pos[by_rank])
             for entry in [model_entry(t, w.state), *optimizer_entries(t, w.state)]:
                 k = key_ids[entry.name]
                 if entry.scalar:  # a plain 0-d tensor: every rank of the stage reads it
-                    blocks.append((k, np.arange(ranks, dtype=np.int64),
-                                   np.full(ranks, canon[key_ptr[k]], dtype=np.int64)))
+                    blocks.append((k, np.arange(ranks, dtype=np.int32),
+                                   np.full(ranks, canon[key_ptr[k]], dtype=np.int32)))
                     continue
                 if key_ptr[k + 1] - key_ptr[k] != b - a:
                     raise ValueError(f"{entry.name}: pieces differ from model.{t.fqn}'s")
@@ -244,27 +244,29 @@ def _dcp_order(plan: Plan, pos: np.ndarray, rank: np.ndarray, chunk: np.ndarray)
     n = len(rank)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    key, p = plan.chunk_key[chunk], pos[chunk]
-    same_key, same_rank = key[1:] == key[:-1], rank[1:] == rank[:-1]
-    in_order = (key[1:] > key[:-1]) | same_key & (
-        (rank[1:] > rank[:-1]) | same_rank & (p[1:] > p[:-1]))
-    # Reads come by key, then rank, then (nearly always) DCP's chunk order; a stable
-    # sort by rank then gives (rank, key, position).
-    order = (np.arange(n) if bool(np.all(in_order))
-             else lex_order((p, rank, key.astype(np.int64))))
+    # Reads come by key, then rank, then (nearly always) DCP's chunk order: a position
+    # that does not grow inside a (key, rank) is the exception, sorted for.
+    kp = plan.chunk_key[chunk].astype(np.int64) * (int(pos.max()) + 1) + pos[chunk]
+    if np.any((rank[1:] == rank[:-1]) & (kp[1:] <= kp[:-1])):
+        order = lex_order((kp, rank))
+        rank, chunk = rank[order], chunk[order]
+    else:
+        order = None
+    del kp
     # Group each rank's reads by file, reads in (key, position) order in each group; then
     # put a rank's groups in order of their first read.
-    files = plan.chunk_file[chunk[order]].astype(np.int64)
+    files = plan.chunk_file[chunk]
     grouped = stable_argsort(files - files.min())
-    grouped = grouped[stable_argsort(rank[order][grouped])]
-    r, f = rank[order][grouped], files[grouped]
+    grouped = grouped[stable_argsort(rank[grouped])]
+    r, f = rank[grouped], files[grouped]
     starts = np.flatnonzero(np.concatenate([[True], (r[1:] != r[:-1]) | (f[1:] != f[:-1])]))
     first = grouped[starts]
-    if np.all((r[starts][1:] > r[starts][:-1]) | (first[1:] > first[:-1])):
-        out: np.ndarray = order[grouped]  # each rank's files already come in order of first read
-        return out
-    runs = lex_order((first, r[starts]))
-    out = order[grouped[gather_ranges(np.concatenate([starts, [n]]), runs)]]
+    r_first = r[starts]
+    del r, f
+    if not np.all((r_first[1:] > r_first[:-1]) | (first[1:] > first[:-1])):
+        runs = lex_order((first, r_first))
+        grouped = grouped[gather_ranges(np.concatenate([starts, [n]]), runs)]
+    out: np.ndarray = grouped if order is None else order[grouped]
     return out
 
 
@@ -283,7 +285,10 @@ def _chunk_positions(plan: Plan) -> tuple[np.ndarray, int]:
     end = plan.chunk_offsets[rows, sweep] + plan.chunk_sizes[rows, sweep]
     end = np.where(ndims[plan.chunk_key] == 0, 1, end)
     writer = plan.file_rank[plan.chunk_file]
-    order = lex_order((writer, end, plan.chunk_key))
+    # Chunks come rank by rank (files are listed by rank), so a stable sort by (key, end)
+    # keeps them by writer within ties.
+    by_writer = bool(np.all(writer[1:] >= writer[:-1]))
+    order = lex_order((end, plan.chunk_key) if by_writer else (writer, end, plan.chunk_key))
     key_start = np.concatenate([[0], np.cumsum(np.bincount(plan.chunk_key,
                                                            minlength=len(plan.keys)))])
     pos = np.empty(plan.n_chunks, dtype=np.int64)
