@@ -1,5 +1,6 @@
 """asv benchmarks: save/restore throughput (GB/s) through the same runner as the CLI,
-plan and restore-plan building at the Llama 3 cluster's scale, and payload generation speed.
+plan and restore-plan building at the Llama 3 cluster's scale and 8x it (131,072 ranks),
+and payload generation speed.
 
     asv run --python=same --quick
 """
@@ -74,13 +75,23 @@ class SaveRestore:
     track_restore.unit = "GB/s"  # type: ignore[attr-defined]
 
 
+FILE_16K = "llama3.1-405b-tp8-pp16-fsdp-16384.toml"
+FILE_131K = "llama3.1-405b-tp8-pp16-fsdp-131072.toml"
+
+
 class Plan:
-    """Plan building for llama3.1-405b on 16,384 ranks (the Llama 3 cluster)."""
+    """Plan building for llama3.1-405b on 16,384 ranks (the Llama 3 cluster: TP8 x PP16 x
+    FSDP128) and on 131,072 ranks (FSDP1024). Budget: 2 s at 16k; 10 s and 2 GB at 131k
+    (benchmarks/plan_scale.py prints the same in one table)."""
 
     timeout = 300
+    number = 1
+    repeat = (1, 3, 60.0)
+    warmup_time = 0
 
     def setup(self):
-        self.workload = load_workload(WORKLOADS / "llama3.1-405b-tp8-pp16-fsdp-16384.toml")
+        self.workload = load_workload(WORKLOADS / FILE_16K)
+        self.workload_131k = load_workload(WORKLOADS / FILE_131K)
 
     def time_plan_405b_16384_ranks(self):
         build_plan(self.workload)
@@ -88,21 +99,32 @@ class Plan:
     def peakmem_plan_405b_16384_ranks(self):
         build_plan(self.workload)
 
+    def time_plan_405b_131072_ranks(self):
+        build_plan(self.workload_131k)
+
+    def peakmem_plan_405b_131072_ranks(self):
+        build_plan(self.workload_131k)
+
 
 class RestorePlan:
     """`ckptbench plan --restore` for llama3.1-405b saved on 16,384 ranks and restored onto
     127 data-parallel groups (TP8 x PP16 x FSDP127 = 16,256 ranks, a job that lost a
-    group): the save plan, the DCP restore plan and its summary. Budget: 10 s, 4 GiB."""
+    group), and saved on 131,072 ranks and restored onto 130,944 (FSDP1023): the save plan,
+    the DCP restore plan and its summary. Budget: 10 s, 4 GiB at 16k; 20 s at 131k."""
 
-    timeout = 300
+    timeout = 600
+    number = 1
+    repeat = (1, 3, 60.0)
+    warmup_time = 0
 
     def setup(self):
-        self.workload = with_restore(
-            load_workload(WORKLOADS / "llama3.1-405b-tp8-pp16-fsdp-16384.toml"),
-            {"world_size": 16256}, "--restore-world-size")
+        self.workload = with_restore(load_workload(WORKLOADS / FILE_16K),
+                                     {"world_size": 16256}, "--restore-world-size")
+        self.workload_131k = with_restore(load_workload(WORKLOADS / FILE_131K),
+                                          {"world_size": 130944}, "--restore-world-size")
 
-    def _summary(self):
-        return restore_summary(build_restore_plan(build_plan(self.workload)))
+    def _summary(self, workload=None):
+        return restore_summary(build_restore_plan(build_plan(workload or self.workload)))
 
     def time_restore_plan_405b_16256_ranks(self):
         self._summary()
@@ -114,6 +136,12 @@ class RestorePlan:
         return self._summary()["amplification"]
 
     track_amplification_405b_16256_ranks.unit = "x"  # type: ignore[attr-defined]
+
+    def time_restore_plan_405b_130944_ranks(self):
+        self._summary(self.workload_131k)
+
+    def peakmem_restore_plan_405b_130944_ranks(self):
+        self._summary(self.workload_131k)
 
 
 class Payload:

@@ -7,13 +7,14 @@ otherwise plan for minutes and fill memory, so the plan's memory is estimated fr
 item count and refused, in one line, when it exceeds what this machine has available
 (MemAvailable, and the process's address-space limit if lower).
 
-The coefficients are measured peaks (resident memory above the interpreter's, the
-planner's temporaries included; benchmarks/plan_scale.py, recorded in
+The coefficients are measured peaks (resident memory above the interpreter's after
+imports, the planner's temporaries included; benchmarks/plan_scale.py, recorded in
 benchmarks/results/2026-12-plan-scale.md): Llama 3.1 405B on 16,384 ranks (3.5 million
-items) and on 131,072 ranks (28 million items) plan in 73 and 54 bytes per item, and
-its DCP restore plan onto 130,944 ranks adds 20 bytes per estimated read (43 million
-reads). The estimate rounds these up. A file name costs about 150 bytes (its string
-in the plan's tuple), a per-chunk file name per item as much again.
+items) and on 131,072 ranks (28 million items) plan in 71 and 53 bytes per item; their
+DCP restore plans onto one data-parallel group fewer add 21 and 11 bytes per estimated
+read (7.0 and 56 million estimated, 7.3 and 43 million actual reads). The estimate
+rounds these up. A file name costs about 150 bytes (its string in the plan's tuple), a
+per-chunk file name per item as much again.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ckptbench.units import format_size
 
 BYTES_PER_ITEM = 80
 BYTES_PER_FILE = 150
-BYTES_PER_READ = 32
+BYTES_PER_READ = 24
 MEMORY_SHARE = 0.9  # of the available memory a plan may take
 DLIO_TENSORS_PER_LAYER = 6  # plan.megatron: two norms, qkv, dense, h->4h, 4h->h
 DLIO_OPTIMIZER_GROUPS = 6

@@ -4,7 +4,7 @@ Every stage of a mesh has the same coordinates (only its first rank differs), an
 repeats a few shapes layer after layer, so the pieces of one (shape, role) under one
 layout are computed once, with ranks counted from the stage's first, and shared
 (read-only) by every tensor and state entry that has them: 405B on 131,072 ranks has
-1,137 parameters but 12 distinct piece sets.
+1,137 parameters but 8 distinct piece sets.
 """
 
 from __future__ import annotations
