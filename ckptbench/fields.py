@@ -7,6 +7,7 @@ one line and exit 2. Pure helpers: they know nothing of workloads or backends.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,38 +57,89 @@ _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISSOCK, "a socket"))
 
 
-def read_small_text(path: Path, max_bytes: int, what: str) -> str:
-    """The text of a regular, UTF-8 file of at most `max_bytes` (`what` names it in errors).
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for an error line."""
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | Path, rule: str, flags: int = 0,
+                 error: type[Exception] = SpecError) -> int:
+    """A read-only descriptor of `path`, refused (`error`, one line ending in `rule`)
+    unless it is a regular file.
 
     O_NONBLOCK keeps the open of a FIFO from waiting for a writer; the kind is then
-    checked on the open descriptor (no race with a rename), and at most one byte more
-    than the limit is read (a file that grows, or /proc, cannot fill memory).
+    checked on the open descriptor (no race with a rename), and O_NONBLOCK is cleared
+    again (it means nothing for a regular file). FileNotFoundError passes through.
     """
-    rule = f"allowed: {what} of at most {max_bytes:,} bytes"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
     except FileNotFoundError:
-        raise SpecError(f"{path}: no such file; {rule}") from None
+        raise
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-            raise SpecError(f"{path}: is {kind}, not a regular file; {rule}")
+            raise error(f"{path}: is {file_kind(mode)}, not a regular file; {rule}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small_bytes(path: str | Path, max_bytes: int, rule: str,
+                     error: type[Exception] = SpecError) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`; at most one byte more than
+    the limit is read (a file that grows, or /proc, cannot fill memory)."""
+    try:
+        fd = open_regular(path, rule, error=error)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file; {rule}") from None
+    try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(max_bytes + 1)
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise SpecError(f"{path}: larger than {max_bytes:,} bytes; {rule}")
+        raise error(f"{path}: larger than {max_bytes:,} bytes; {rule}")
+    return data
+
+
+def read_small_text(path: Path, max_bytes: int, what: str) -> str:
+    """The text of a regular, UTF-8 file of at most `max_bytes` (`what` names it in errors)."""
+    rule = f"allowed: {what} of at most {max_bytes:,} bytes"
+    data = read_small_bytes(path, max_bytes, rule)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}); "
                         f"{rule}") from None
+
+
+# C0 controls (tab and newline too: a printed field stays on its line), DEL and C1 controls
+# (U+009B is a terminal's CSI): what a terminal would act on instead of showing.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as an escape (``\\x1b``), so a string
+    read from a file can be printed without driving the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def printable_tree(value: Any) -> Any:
+    """A decoded JSON value with :func:`printable` applied to every string in it, keys
+    included."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v) for v in value]
+    return value
 
 
 def parse_ranks(text: str, world_size: int, option: str = "--ranks") -> list[int]:

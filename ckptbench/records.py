@@ -27,6 +27,7 @@ one host. Records never carry credentials: every record passes through
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -378,18 +379,37 @@ _JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", b
                int: "a number", float: "a number"}
 
 
+# A results file is read whole into memory (report, cadence): larger is not one of ours.
+MAX_RESULTS_BYTES = 1 << 30
+# A JSON line with a control character in a string holds it escaped (\u001b) or as DEL or
+# a C1 control (U+007F-U+009F: UTF-8 \x7f, or \xc2 then \x80-\x9f); other lines skip the scan.
+_MAYBE_CONTROL = (b"\\u00", b"\x7f", b"\xc2")
+
+
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """The records of a results file; a line that is not UTF-8 JSON holding an object
-    is one error naming the file and line (garbage, `[1,2]` and `null` included)."""
+    is one error naming the file and line (garbage, `[1,2]` and `null` included). Only
+    a regular file of at most MAX_RESULTS_BYTES is read (never a FIFO or a device), and
+    control characters in its strings come back escaped (they are printed)."""
     from ckptbench.errors import CkptbenchError
+    from ckptbench.fields import open_regular, printable_tree
 
+    rule = ("allowed: a results file of `ckptbench run` (a regular file of at most "
+            f"{MAX_RESULTS_BYTES:,} bytes)")
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        raise CkptbenchError(f"{path}: cannot read results ({exc.strerror})") from None
+        f = os.fdopen(open_regular(path, rule, error=CkptbenchError), "rb")
+    except FileNotFoundError:
+        raise CkptbenchError(f"{path}: no such file; {rule}") from None
     first = True
+    left = MAX_RESULTS_BYTES
     with f:
-        for n, raw in enumerate(f, 1):
+        for n in itertools.count(1):
+            raw = f.readline(left + 1)
+            if not raw:
+                break
+            left -= len(raw)
+            if left < 0:
+                raise CkptbenchError(f"{path}: larger than {MAX_RESULTS_BYTES:,} bytes; {rule}")
             if not raw.strip():
                 continue
             try:
@@ -404,4 +424,4 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
             if first and record.get("schema") != SCHEMA:
                 raise CkptbenchError(f"{path}: not a ckptbench results file (schema {SCHEMA} expected)")
             first = False
-            yield record
+            yield printable_tree(record) if any(c in raw for c in _MAYBE_CONTROL) else record

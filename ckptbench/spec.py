@@ -192,6 +192,14 @@ def _workload_name(meta: Mapping[str, Any], default: str) -> str:
     return value
 
 
+def _description(meta: Mapping[str, Any]) -> str:
+    value = meta.get("description", "")
+    if not isinstance(value, str):
+        raise SpecError(f"[workload] description = {shown(value)} is not allowed; allowed: a "
+                        "string")
+    return value
+
+
 def _model(table: Mapping[str, Any]) -> ModelSpec:
     _check_keys(table, "model")
     name = table.get("name")
@@ -244,7 +252,8 @@ def _restore(table: Mapping[str, Any], model: ModelSpec, training: ParallelSpec,
     for key in table:
         if key not in RESTORE_KEYS:
             raise SpecError(f"[{section}] unknown key {key!r}; allowed: {allowed(RESTORE_KEYS)}")
-    values: dict[str, Any] = {k: int_field(table, section, k) for k in RESTORE_KEYS if k in table}
+    values: dict[str, Any] = {k: int_field(table, section, k, maximum=MAX_WORLD_SIZE)
+                              for k in RESTORE_KEYS if k in table}
     spec = replace(training, **values)
     if spec == training:
         return None
@@ -279,6 +288,8 @@ def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[
         if not sep or key not in RESTORE_KEYS:
             raise SpecError(f"{option} {text!r}: {part.strip()!r} is not KEY=N; allowed keys: "
                             f"{allowed(RESTORE_KEYS)}")
+        if key in out:
+            raise SpecError(f"{option} {text!r}: {key} is given twice; allowed: each key once")
         try:
             out[key] = int(value)
         except ValueError:
@@ -368,7 +379,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
         )
     return Workload(
         name=_workload_name(meta, name),
-        description=str(meta.get("description", "")),
+        description=_description(meta),
         model=model,
         state=state,
         parallel=parallel,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,11 +223,12 @@ def evict_from_page_cache(paths: Iterable[str | Path]) -> None:
     FUSE mount: the client's kernel-side copy)."""
     for path in paths:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there: no wait
         except OSError:
             continue
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if stat.S_ISREG(os.fstat(fd).st_mode):  # not a FIFO or device put in its place
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 

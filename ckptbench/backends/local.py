@@ -49,6 +49,7 @@ from ckptbench.backends.filesystems import (
 from ckptbench.backends.options import BackendOptions, IOHints, option
 from ckptbench.backends.striping import apply_striping, striping_command
 from ckptbench.errors import BackendError
+from ckptbench.fields import open_regular
 
 __all__ = ["DIRECT_ALIGN", "IO_MODES", "LocalBackend", "LocalOptions", "apply_striping",
            "drop_page_cache", "evict_from_page_cache", "filesystem_info", "os_error",
@@ -77,6 +78,17 @@ def os_error(path: str | Path, exc: OSError) -> BackendError:
         errno.EEXIST: "already exists (ckptbench never overwrites)",
     }.get(exc.errno or 0, exc.strerror or str(exc))
     return BackendError(f"{path}: {reason}")
+
+
+def open_regular_file(path: Path, flags: int = 0) -> int:
+    """A descriptor to read `path` by, refused in one line unless it is a regular file (a
+    FIFO would block, a device would never end); FileNotFoundError when it is absent."""
+    try:
+        return open_regular(path, "allowed: a file ckptbench wrote", flags, error=BackendError)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise os_error(path, exc) from None
 
 
 class _FdCloser:
@@ -148,10 +160,9 @@ class _FileReader(_FdCloser, ReadHandle):
 
     def __init__(self, path: Path, direct: bool) -> None:
         self.path = path
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
         try:
-            self.fd = os.open(path, flags)
-        except OSError as exc:
+            self.fd = open_regular_file(path, os.O_DIRECT if direct else 0)
+        except FileNotFoundError as exc:
             raise os_error(path, exc) from None
         if not direct:
             with contextlib.suppress(OSError):  # a hint: file systems may not take it
@@ -308,7 +319,9 @@ class LocalBackend(Backend):
             raise os_error(path, exc) from None
 
     def get(self, key: str) -> bytes:
-        return self._path(key).read_bytes()
+        path = self._path(key)
+        with os.fdopen(open_regular_file(path), "rb") as f:
+            return f.read()
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()

@@ -15,7 +15,7 @@ from ckptbench.backends import Backend, IOHints, open_backend
 from ckptbench.backends.base import TARGET_MARKER
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
-from ckptbench.cli.run_cmd import RESTORE_PLANS, quiet_unless_root, restore_bytes
+from ckptbench.cli.run_cmd import RESTORE_PLANS, RestoreChoice, quiet_unless_root, restore_bytes
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
 from ckptbench.formats import check_format
 from ckptbench.formats.base import MANIFEST_SCHEMA
@@ -107,6 +107,7 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
     """Restore CHECKPOINT (TARGET/RUN_ID/CHECKPOINT, kept with --keep), measured and
     verified chunk by chunk, onto its restore layout or the one given."""
     backend_flags = typed_backend_flags(click.get_current_context())
+    RestoreChoice(restore_plan, restore_world_size, restore_layout).resolve("raw")
     root, prefix = split_checkpoint(checkpoint)
     backend_options_ = options_for_target(root, backend_flags)
     launch = open_launcher(launcher)

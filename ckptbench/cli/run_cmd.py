@@ -169,12 +169,20 @@ class RestoreChoice:
 
     def resolve(self, fmt: str) -> str:
         """The restore plan to run: dcp for the raw and torch-dcp formats unless asked
-        otherwise."""
+        otherwise; a restore layout only with it (files restore on the training layout)."""
         if self.plan == "dcp" and fmt not in PLANNED_RESTORE:
             raise SpecError(f"--restore-plan dcp needs --format {' or '.join(PLANNED_RESTORE)} "
                             f"(--format {fmt} reads back its own files); allowed here: "
                             "--restore-plan files")
-        return self.plan or ("dcp" if fmt in PLANNED_RESTORE else "files")
+        plan = self.plan or ("dcp" if fmt in PLANNED_RESTORE else "files")
+        given = ("--restore-world-size" if self.world_size is not None else
+                 "--restore-layout" if self.layout is not None else None)
+        if plan == "files" and given:
+            why = ("--restore-plan files" if self.plan else
+                   f"--format {fmt} reads back its own files")
+            raise SpecError(f"{given} needs --restore-plan dcp ({why}: each rank reads back the "
+                            f"files it wrote, on the training layout); allowed: drop {given}")
+        return plan
 
 
 def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:

@@ -232,8 +232,6 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
 
 def read_results(path: str | Path, source: str = "--results") -> Measurement:
     """One results file of `ckptbench run` (one-line errors that name `source` and the path)."""
-    if not Path(path).is_file():
-        raise results_error(f"{source} {path}", "no such file")
     try:
         records = list(read_records(path))
     except CkptbenchError as exc:

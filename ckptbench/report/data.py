@@ -13,7 +13,7 @@ import numpy as np
 
 from ckptbench.records import read_records
 from ckptbench.report import compare
-from ckptbench.report.summary import view
+from ckptbench.report.summary import checked_view
 
 PHASES = ("save", "restore")
 
@@ -88,7 +88,7 @@ def load_runs(paths: Sequence[str]) -> list[RunData]:
     loaded = []
     for p in paths:
         records = list(read_records(p))
-        loaded.append((p, records, view(records, p)))
+        loaded.append((p, records, checked_view(records, p)))
     labels = compare.labels([v["run"] for _, _, v in loaded])
     return [RunData(p, label, v, op_table(records),
                     tuple(r for r in records if r.get("type") == "rank"))

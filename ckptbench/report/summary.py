@@ -10,6 +10,7 @@ and spread, never one lucky number.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -182,23 +183,45 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# What the report shows of summary and error records (summarize() writes them all).
-_SHOWN_FIELDS = {
-    "summary": ("phase", "iterations", "bytes", "throughput_bytes_per_s", "throughput_min",
-                "throughput_max", "rank_throughput_min_bytes_per_s", "slowest_rank_seconds_max",
-                "first_to_last_gap_s_median", "latency", "cache"),
-    "error": ("phase", "iteration", "message"),
+# What the report shows of summary and error records (summarize() writes them all), and
+# what each field must hold for the table to show it.
+_NUMBER, _OPTIONAL = "a number", "a number or null"
+_SHOWN_FIELDS: dict[str, dict[str, str]] = {
+    "summary": {"phase": "a string", "iterations": "an integer", "bytes": _NUMBER,
+                "seconds": _NUMBER, "throughput_bytes_per_s": _OPTIONAL,
+                "throughput_min": _OPTIONAL, "throughput_max": _OPTIONAL,
+                "rank_throughput_min_bytes_per_s": _OPTIONAL,
+                "slowest_rank_seconds_max": _NUMBER, "first_to_last_gap_s_median": _NUMBER,
+                "latency": "an object of {p50_s, p99_s} objects",
+                "cache": "a string, a list of strings or null"},
+    "error": {"phase": "a string", "iteration": "an integer", "message": "a string"},
 }
+_STORED_FIELDS = {"stored_bytes": _NUMBER, "compression_ratio": _OPTIONAL,
+                  "stored_throughput_bytes_per_s": _NUMBER}
 
 
-def load(path: str) -> dict[str, Any]:
-    """A results file as {run, iterations, summary, errors}.
+def _fits(value: Any, rule: str) -> bool:
+    """Whether `value` is what `rule` (a value of _SHOWN_FIELDS) allows."""
+    if rule in (_NUMBER, _OPTIONAL):
+        return (value is None and rule == _OPTIONAL) or (
+            isinstance(value, int | float) and not isinstance(value, bool))
+    if rule == "an integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if rule == "a string":
+        return isinstance(value, str)
+    if rule.startswith("a string, a list"):
+        return value is None or isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value))
+    return isinstance(value, dict) and all(
+        isinstance(v, dict) and all(_fits(v.get(q), _OPTIONAL) for q in ("p50_s", "p99_s"))
+        for v in value.values())
 
-    A file that is empty, whose records lack what the statistics need, or that holds
-    neither a summary nor an error (its run was killed before it ended) is refused with
-    one line: an empty table would read as success.
-    """
-    records = list(read_records(path))
+
+def checked_view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    """:func:`view` of a results file's records, refused in one line when a record lacks
+    what the statistics need or a field the report shows holds something else, or when
+    the file holds neither a summary nor an error (its run was killed before it ended):
+    an empty table would read as success."""
     if not records:
         raise CkptbenchError(f"{path}: empty; allowed: a results file of `ckptbench run`")
     try:
@@ -207,14 +230,25 @@ def load(path: str) -> dict[str, Any]:
         raise CkptbenchError(f"{path}: a record lacks a valid field ({type(exc).__name__}: {exc});"
                              " not a results file of `ckptbench run`") from None
     for r in loaded["summary"] + loaded["errors"]:
-        missing = [k for k in _SHOWN_FIELDS[r["type"]] if k not in r]
+        fields = _SHOWN_FIELDS[r["type"]]
+        missing = [k for k in fields if k not in r]
         if missing:
             raise CkptbenchError(f"{path}: a {r['type']} record lacks {', '.join(missing)};"
                                  " not a results file of `ckptbench run`")
+        rules = {**fields, **(_STORED_FIELDS if "stored_bytes" in r else {})}
+        for key, rule in rules.items():
+            if not _fits(r.get(key), rule):
+                raise CkptbenchError(f"{path}: a {r['type']} record's {key} is "
+                                     f"{json.dumps(r.get(key))[:40]}; allowed: {rule}")
     if not loaded["summary"] and not loaded["errors"]:
         raise CkptbenchError(f"{path}: the run is incomplete: no summary and no error record "
                              "(was it or one of its ranks killed?)")
     return loaded
+
+
+def load(path: str) -> dict[str, Any]:
+    """A results file as {run, iterations, summary, errors} (see :func:`checked_view`)."""
+    return checked_view(list(read_records(path)), path)
 
 
 def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:

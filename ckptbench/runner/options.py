@@ -27,6 +27,10 @@ def new_run_id() -> str:
 MODES = ("sync", "async")
 PLANNED_RESTORE = ("raw", "torch-dcp")  # formats that restore by the restore plan
 MAX_STEP_S = 3600.0  # a training step; a typo (1e9) would never end
+# The training loop's bound, checked before it starts: its steps (each is a record) and
+# their compute time (a benchmark's loop, not a training run).
+MAX_LOOP_STEPS = 1_000_000
+MAX_LOOP_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,21 @@ class LoopOptions:
         if self.device not in ("auto", "host", "cuda"):
             raise SpecError(f"--state-device {self.device!r} is not allowed; allowed: auto, "
                             "host, cuda")
+
+    def steps(self, iterations: int) -> int:
+        """Steps the loop runs: `iterations` checkpoints and one interval more, with as
+        many baseline steps again (runner.async_mode)."""
+        return 2 * (iterations + 1) * self.steps_per_checkpoint
+
+    def check_length(self, iterations: int) -> None:
+        """Refuse a loop longer than MAX_LOOP_STEPS steps or MAX_LOOP_S of their compute."""
+        steps = self.steps(iterations)
+        if steps > MAX_LOOP_STEPS or steps * self.step_seconds > MAX_LOOP_S:
+            raise SpecError(
+                f"--steps-per-checkpoint {self.steps_per_checkpoint} x (--iterations "
+                f"{iterations} + 1) is {steps:,} training steps with the baseline, "
+                f"{steps * self.step_seconds:,.0f} s at --step-seconds {self.step_seconds:g}; "
+                f"allowed: at most {MAX_LOOP_STEPS:,} steps and {MAX_LOOP_S / 3600:g} h")
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,8 @@ class RunOptions:
         if self.mode not in MODES:
             raise SpecError(f"--mode {self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
         check_sequence(self.sequence)
+        if self.mode == "async":
+            self.loop.check_length(self.iterations)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -81,6 +81,12 @@ def _unlink(ckpt: Path, arg: str) -> None:
     (ckpt / arg).unlink()
 
 
+def _truncate(ckpt: Path, arg: str) -> None:
+    """Cut a file to half its size (a copy or upload that stopped part way)."""
+    path = ckpt / arg
+    os.truncate(path, path.stat().st_size // 2)
+
+
 ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "manifest-garbage": _write(".metadata", b"\x00\xffnot json{"),
     "manifest-list": _write(".metadata", b"[1, 2]"),
@@ -91,6 +97,7 @@ ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "set-field": _set_field,
     "write": _write("", b"garbage{"),
     "unlink": _unlink,
+    "truncate": _truncate,
 }
 
 
