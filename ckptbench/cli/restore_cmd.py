@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,17 @@ from ckptbench.cli.backend_options import backend_options, options_for_target, t
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.cli.run_cmd import RESTORE_PLANS, RestoreChoice, quiet_unless_root, restore_bytes
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
+from ckptbench.fields import shown
 from ckptbench.formats import check_format
 from ckptbench.formats.base import MANIFEST_SCHEMA
 from ckptbench.formats.manifest import load_manifest
 from ckptbench.measure import measure
+from ckptbench.payload import MODES as PAYLOAD_MODES
 from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE
-from ckptbench.spec import workload_from_dict
+from ckptbench.spec import Workload, workload_from_dict
 from ckptbench.units import parse_size
 
 
@@ -40,7 +43,8 @@ def split_checkpoint(checkpoint: str) -> tuple[str, str]:
 
 
 def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str, Any]:
-    """The checkpoint's manifest, once it is known to be ckptbench's (else one line)."""
+    """The checkpoint's manifest, once it is known to be ckptbench's and each field a
+    restore uses holds what it may (else one line naming the field)."""
     if not backend.exists(TARGET_MARKER):
         raise CkptbenchError(f"{checkpoint}: its target has no {TARGET_MARKER} marker; "
                              "ckptbench restores only checkpoints it wrote")
@@ -52,31 +56,75 @@ def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str,
                              "checkpoint ckptbench committed and kept with --keep") from None
     except VerificationError as exc:
         raise RunFailed(str(exc), "verification") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA or "files" not in manifest:
-        raise CkptbenchError(f"{key}: schema {manifest.get('schema')!r} is not "
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise CkptbenchError(f"{key}: schema {shown(manifest.get('schema'))} is not "
                              f"{MANIFEST_SCHEMA!r}; ckptbench restores only checkpoints it wrote")
     if manifest.get("format", "raw") not in PLANNED_RESTORE:
-        raise CkptbenchError(f"{key}: written as --format {manifest.get('format')}; allowed: "
-                             f"checkpoints written with --format {' or '.join(PLANNED_RESTORE)}")
+        raise CkptbenchError(f"{key}: written as --format {shown(manifest.get('format'))}; "
+                             f"allowed: checkpoints written with --format "
+                             f"{' or '.join(PLANNED_RESTORE)}")
     if not isinstance(manifest.get("workload_spec"), dict):
         raise CkptbenchError(f"{key}: no workload_spec (written by an older ckptbench); "
                              "allowed: checkpoints of this version")
+    for field, fits, rule in _FIELDS:
+        if field not in manifest or not fits(manifest[field]):
+            value = shown(manifest[field]) if field in manifest else "missing"
+            raise CkptbenchError(f"{key}: {field} is {value}; allowed: {rule} (an altered or "
+                                 "older manifest); the checkpoint is not restored")
     return manifest
 
 
+def _is_int(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+# The manifest fields a restore uses: (field, check, what is allowed).
+_FIELDS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("files", lambda v: isinstance(v, dict), "an object of file entries"),
+    ("ranks", lambda v: isinstance(v, list) and bool(v) and all(_is_int(r) for r in v),
+     "a non-empty list of the ranks that wrote (integers >= 0)"),
+    ("payload", lambda v: v in PAYLOAD_MODES, ", ".join(PAYLOAD_MODES)),
+    ("seed", _is_int, "an integer >= 0"),
+    ("iteration", lambda v: _is_int(v, 1), "an integer >= 1"),
+]
+
+
+def checkpoint_workload(manifest: dict[str, Any], prefix: str) -> Workload:
+    """The workload the manifest was written for (errors name the manifest)."""
+    try:
+        return workload_from_dict(manifest["workload_spec"])
+    except SpecError as exc:
+        raise SpecError(f"{prefix}/{MANIFEST_NAME}: workload_spec: {exc}") from None
+
+
 def written_ranks(plan: Plan, manifest: dict[str, Any], prefix: str) -> list[int]:
-    """Ranks whose files the manifest lists; every entry must be a file of the plan."""
+    """The ranks that wrote (the manifest's 'ranks'); every file of each must have an
+    entry, and every entry must be a file of one of them: a manifest that lost an entry
+    would otherwise restore fewer ranks and call that verified."""
+    where = f"{prefix}/{MANIFEST_NAME}"
+    ranks = sorted(set(manifest["ranks"]))
+    if ranks[-1] >= plan.world_size:
+        raise CkptbenchError(f"{where}: rank {ranks[-1]} is not a rank of its workload's plan "
+                             f"(world_size {plan.world_size}; an altered manifest)")
     names = {f"{prefix}/{p}" for p in plan.file_paths}
-    ranks: set[int] = set()
+    listed: set[tuple[str, Any]] = set()
     for name, entry in manifest["files"].items():
-        path = entry.get("path", name)
-        if path not in names or not isinstance(entry.get("rank"), int):
-            raise CkptbenchError(f"{prefix}/{MANIFEST_NAME}: entry {name!r} is not a file of "
-                                 "its workload's plan (altered manifest)")
-        ranks.add(entry["rank"])
-    if not ranks or max(ranks) >= plan.world_size:
-        raise CkptbenchError(f"{prefix}/{MANIFEST_NAME}: ranks do not fit its workload's plan")
-    return sorted(ranks)
+        if not isinstance(entry, dict):
+            raise CkptbenchError(f"{where}: entry {shown(name)} is {shown(entry)}; allowed: an "
+                                 "object with its rank, chunks and digests (altered manifest)")
+        path, rank = entry.get("path", name), entry.get("rank")
+        if path not in names or rank not in ranks:
+            raise CkptbenchError(f"{where}: entry {shown(name)} is not a file of its "
+                                 "workload's plan written by one of its ranks (altered manifest)")
+        listed.add((path, rank))
+    for r in ranks:
+        for f in plan.files_of_rank(r):
+            path = f"{prefix}/{plan.file_paths[f]}"
+            if (path, int(plan.file_rank[f])) not in listed:
+                raise CkptbenchError(f"{where}: no entry for {path}, a file of rank {r} (the "
+                                     "manifest lists that rank as written; an altered manifest);"
+                                     " the checkpoint is not restored")
+    return ranks
 
 
 @click.command("restore")
@@ -117,22 +165,22 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
                                                                  threads=threads or 1))
         try:
             manifest = read_checkpoint(backend, checkpoint, prefix)
+            workload = apply_restore_layout(checkpoint_workload(manifest, prefix),
+                                            restore_world_size, restore_layout)
+            plan = build_plan(workload)
+            ranks = written_ranks(plan, manifest, prefix)
         except BaseException:
             backend.release()
             raise
-        workload = apply_restore_layout(workload_from_dict(manifest["workload_spec"]),
-                                        restore_world_size, restore_layout)
-        plan = build_plan(workload)
-        ranks = written_ranks(plan, manifest, prefix)
         fmt = str(manifest.get("format", "raw"))
         check_format(fmt, "none", plan, ranks)
         options = RunOptions(
             iterations=iterations, threads=threads or workload.checkpoint.threads,
-            block_size=block, payload=str(manifest.get("payload", "random")),
-            seed=int(manifest.get("seed", 0)), keep=True, restore=True, cache=cache,
+            block_size=block, payload=manifest["payload"], seed=manifest["seed"], keep=True,
+            restore=True, cache=cache,
             run_id=new_run_id(), restore_shift=restore_shift or 0, format=fmt,
             restore_plan=restore_plan, checkpoint=prefix,
-            checkpoint_iteration=int(manifest.get("iteration", 1)))
+            checkpoint_iteration=manifest["iteration"])
         req = RunRequest(workload=workload, plan=plan, ranks=ranks, backend=backend,
                          options=options, restore_shift_auto=restore_shift is None)
         path = Path(results) if results else \

@@ -20,6 +20,11 @@ from ckptbench.errors import CkptbenchError, VerificationError
 from ckptbench.formats.pipeline import aligned_buffer
 
 READ_BLOCK = 8 << 20
+# What a reader reads of a manifest at most: its JSON line is held in memory and parsed,
+# the padding only streamed (DCP's .metadata of the largest plans is hundreds of MB). A
+# device, a runaway file or an altered manifest ends here, in one line.
+MAX_MANIFEST_BYTES = 16 << 30
+MAX_MANIFEST_JSON_BYTES = 2 << 30
 
 
 def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
@@ -38,9 +43,12 @@ def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
     return body + b"\n" + filler
 
 
-def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[bytes, int]:
+def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK,
+                        limits: tuple[int, int] = (MAX_MANIFEST_BYTES, MAX_MANIFEST_JSON_BYTES)
+                        ) -> tuple[bytes, int]:
     """Read the whole manifest (padding included, as DCP reads all of .metadata); return
-    its first line (the JSON) and its size. FileNotFoundError when absent."""
+    its first line (the JSON) and its size. FileNotFoundError when absent;
+    VerificationError past `limits` (all of it, its JSON line)."""
     if not backend.exists(key):
         raise FileNotFoundError(key)
     align = max(backend.alignment, 1)
@@ -58,7 +66,14 @@ def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK) -> 
                 cut = piece.find(b"\n")
                 head += piece if cut < 0 else piece[:cut]
                 found = cut >= 0
+                if not found and len(head) > limits[1]:
+                    raise VerificationError(f"{key}: its JSON line does not end within "
+                                            f"{limits[1]:,} bytes; allowed: a manifest "
+                                            "ckptbench wrote; the checkpoint is not restored")
             size += got
+            if size > limits[0]:
+                raise VerificationError(f"{key}: larger than {limits[0]:,} bytes; allowed: a "
+                                        "manifest ckptbench wrote; the checkpoint is not restored")
             if got < block:
                 break
     finally:
@@ -69,7 +84,11 @@ def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK) -> 
 def check_size(key: str, manifest: dict[str, Any], size: int) -> None:
     """VerificationError when the manifest is not the size it was written at."""
     expected = manifest.get("size")
-    if isinstance(expected, int) and expected and expected != size:
+    if not isinstance(expected, int) or isinstance(expected, bool):
+        raise VerificationError(f"{key}: its size field is {expected!r:.40}, not the number of "
+                                "bytes written (an altered manifest); the checkpoint is not "
+                                "restored")
+    if expected and expected != size:
         raise VerificationError(f"{key}: manifest is {size} bytes, {expected} were written "
                                 "(truncated or altered); the checkpoint is not restored")
 

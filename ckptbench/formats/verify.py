@@ -78,11 +78,32 @@ def check_manifest(key: str, manifest: Any, jobs: Iterable[Job],
         if len(digests) != want:
             raise VerificationError(f"{where}: the entry of {job.name} has {len(digests)} chunk "
                                     f"digests where the plan has {want} chunks")
+        uncovered = _uncovered(entry.get("chunks"), job)
+        if uncovered:
+            raise VerificationError(f"{where}: the entry of {job.name} does not list {uncovered}"
+                                    ", which the restore reads; the checkpoint cannot be verified")
     objects = manifest.get("objects", {})
     if not isinstance(objects, dict) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in objects.values()):
         raise VerificationError(f"{where}: 'objects' is not an object of integer digests")
     return manifest
+
+
+def _uncovered(chunks: Any, job: Job) -> str | None:
+    """The first chunk the job reads that the manifest entry's 'chunks' ([key, offset,
+    bytes] in file order, one per digest) does not list where its digest is; None when
+    every read is covered."""
+    if not isinstance(chunks, list):
+        return "its chunks (no 'chunks' list)"
+    reads = getattr(job, "reads", None)
+    wanted = (enumerate(job.regions) if reads is None else
+              ((rd.digest, rd.region) for rd in reads))
+    for pos, region in wanted:
+        listed = chunks[pos] if pos < len(chunks) else None
+        if listed != [region.key, region.start, region.end - region.start]:
+            return (f"chunk {region.key} at byte {region.start:,} "
+                    f"({region.end - region.start:,} bytes)")
+    return None
 
 
 def check_object(manifest_key: str, manifest: dict[str, Any], name: str, key: str,

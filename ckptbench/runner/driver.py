@@ -358,6 +358,8 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
             "format": options.format,
             "codec": options.codec,
             "workload_spec": plan.workload.to_dict(),
+            # the ranks that wrote: every file of each has an entry (restore checks it)
+            "ranks": sorted({int(plan.file_rank[f]) for f in digests}),
             "files": manifest_files(plan, ckpt, digests),
         }
         if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)

@@ -332,7 +332,14 @@ class ZarrFormat(FormatBase):
             self.store.size_hints[key] = shard_bytes + 4096
         box = tuple(slice(o, o + n) for o, n in zip(t.offsets, t.sizes, strict=True))
         t0 = now()
-        data = self._loop().run_until_complete(arr.getitem(box))
+        try:
+            data = self._loop().run_until_complete(arr.getitem(box))
+        except (ValueError, IndexError, RuntimeError) as exc:  # a codec on damaged bytes
+            shard = f"shard {keys[0]}" if len(keys) == 1 else f"shards {keys[0]} (of {len(keys)})"
+            raise VerificationError(
+                f"chunk {self.plan.keys[t.key].name} at offsets {list(t.offsets)}: its zarr "
+                f"{shard} cannot be decoded ({type(exc).__name__}: {str(exc)[:120]}); truncated "
+                "or altered") from None
         t1 = now()
         stored = self.store.take_read_bytes(keys)
         res.op("read_shard", t.job.index, t.nbytes, t0, t1,
