@@ -403,6 +403,8 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     first = True
     left = MAX_RESULTS_BYTES
     with f:
+        if os.fstat(f.fileno()).st_size > left:  # refused before a byte is read
+            raise CkptbenchError(f"{path}: larger than {MAX_RESULTS_BYTES:,} bytes; {rule}")
         for n in itertools.count(1):
             raw = f.readline(left + 1)
             if not raw:

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import SpecError
+from ckptbench.fields import read_small_text
 from ckptbench.jobmodel.measured import Measurement, read_results, results_error
 
 SWEEP_SCHEMA = "ckptbench.sweep/1"
+# A sweep file is a header line and one short line per point.
+MAX_SWEEP_FILE_BYTES = 64 << 20
 SATURATION_GAIN = 1.10  # more ranks per node must add at least 10 % per node to count
 
 
@@ -61,7 +64,11 @@ def saturation(points: list[SweepPoint], phase: str = "save") -> SweepPoint | No
 def sweep_points(path: Path, source: str = "--results") -> list[str]:
     """The results files a sweep file lists (relative to it)."""
     points: list[str] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = read_small_text(path, MAX_SWEEP_FILE_BYTES, "a sweep file of `ckptbench sweep`")
+    except SpecError as exc:
+        raise SpecError(f"{source} {exc}") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -91,8 +98,8 @@ def write_sweep(path: Path, header: Mapping[str, Any], points: Iterable[SweepPoi
 
 def _first_line(path: Path) -> Any:
     try:
-        with path.open() as f:
-            return json.loads(f.readline() or "null")
+        with path.open("rb") as f:  # a sweep's header is short: no line is read on and on
+            return json.loads(f.readline(1 << 20) or b"null")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None  # not a sweep file: read as a results file, which says what is wrong
 

@@ -44,6 +44,16 @@ def test_zarr_metadata_is_verified(tmp_path: Path, action: str, needle: str) -> 
     assert "metadata object " in line and needle in line
 
 
+def test_a_truncated_zarr_shard_is_a_named_verification_failure(tmp_path: Path) -> None:
+    """A shard cut to half its size (a copy that stopped part way): the codec's checksum
+    ValueError was the whole line; now the chunk and its shard are named."""
+    shard = "model.layers.0.attention.wv.weight/c/1/0"
+    line, _ = run_damaged(tmp_path, f"truncate:{shard}", "zarr")
+    assert "chunk model.layers.0.attention.wv.weight at offsets" in line
+    assert "zarr shard run-" in line and f"/checkpoint-1/{shard} cannot be decoded" in line
+    assert "truncated or altered" in line and not line.startswith("ckptbench: error: ValueError")
+
+
 @pytest.mark.parametrize("action, needle", [
     ("manifest-garbage", "not UTF-8 text"),
     ("manifest-list", "a JSON list, not an object with 'files'"),
