@@ -113,7 +113,7 @@ def written_ranks(plan: Plan, manifest: dict[str, Any], prefix: str) -> list[int
             raise CkptbenchError(f"{where}: entry {shown(name)} is {shown(entry)}; allowed: an "
                                  "object with its rank, chunks and digests (altered manifest)")
         path, rank = entry.get("path", name), entry.get("rank")
-        if path not in names or rank not in ranks:
+        if not isinstance(path, str) or path not in names or rank not in ranks:
             raise CkptbenchError(f"{where}: entry {shown(name)} is not a file of its "
                                  "workload's plan written by one of its ranks (altered manifest)")
         listed.add((path, rank))

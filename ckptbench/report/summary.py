@@ -188,7 +188,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 _NUMBER, _OPTIONAL = "a number", "a number or null"
 _SHOWN_FIELDS: dict[str, dict[str, str]] = {
     "summary": {"phase": "a string", "iterations": "an integer", "bytes": _NUMBER,
-                "seconds": _NUMBER, "throughput_bytes_per_s": _OPTIONAL,
+                "seconds": _NUMBER, "throughput_bytes_per_s": _NUMBER,
                 "throughput_min": _OPTIONAL, "throughput_max": _OPTIONAL,
                 "rank_throughput_min_bytes_per_s": _OPTIONAL,
                 "slowest_rank_seconds_max": _NUMBER, "first_to_last_gap_s_median": _NUMBER,

@@ -97,6 +97,10 @@ def _entry(value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _entry_path(m: dict[str, Any]) -> None:
+    m["files"][sorted(m["files"])[0]]["path"] = ["a"]
+
+
 def _drop(field: str) -> Callable[[dict[str, Any]], None]:
     def edit(m: dict[str, Any]) -> None:
         del m[field]
@@ -118,6 +122,7 @@ def _description(m: dict[str, Any]) -> None:
     (_set("seed", "abc"), ["seed is 'abc'", "allowed: an integer >= 0"]),
     (_set("files", [1, 2]), ["files is [1, 2]", "allowed: an object of file entries"]),
     (_entry("x"), ["__0_0.distcp' is 'x'", "allowed: an object with its rank"]),
+    (_entry_path, ["__0_0.distcp' is not a file of its workload's plan"]),
     (_set("iteration", "x"), ["iteration is 'x'", "allowed: an integer >= 1"]),
     # "ValueError: bogus", exit 1
     (_set("payload", "bogus"), ["payload is 'bogus'", "allowed: random, realistic"]),
@@ -131,7 +136,7 @@ def _description(m: dict[str, Any]) -> None:
                                               " = 1000000000 is too large"]),
     (_description, [".metadata: workload_spec: [workload] description = ['a', 1]",
                     "allowed: a string"]),
-], ids=["seed", "files-list", "entry-string", "iteration", "payload", "no-files", "no-ranks",
+], ids=["seed", "files-list", "entry-string", "entry-path", "iteration", "payload", "no-files", "no-ranks",
         "rank-outside", "size", "world-size", "description"])
 def test_manifest_fields_of_the_wrong_type_are_one_line(kept: Path, tmp_path: Path,
                                                         edit: Callable[[dict[str, Any]], None],
