@@ -30,6 +30,9 @@ def atomic_tmp(key: str) -> str:
     return key + ATOMIC_TMP
 
 
+Identity = tuple[int, int]  # (st_dev, st_ino) of a directory a run created
+
+
 class NameTaken(BackendError):
     """A directory a run wanted for itself exists already: it is never reused."""
 
@@ -193,13 +196,28 @@ class Backend(ABC):
         wrote by name (:meth:`delete`, :meth:`remove_dir`), never by listing a prefix."""
 
     # --- what a run made, by name: a listing never decides what is deleted ---
-    def create_dir(self, key: str) -> None:
+    def create_dir(self, key: str) -> Identity | None:
         """Make `key` a new directory for this run alone (parents as needed); NameTaken when
-        it exists. A store without directories: NameTaken when anything is stored under
-        `key/` (nothing is created; the first object written claims it)."""
+        it exists. Returns what identifies it (device and inode) where the storage has
+        directories that can be swapped for links, so that a cleanup deletes only in it. A
+        store without directories: NameTaken when anything is stored under `key/` (nothing
+        is created; the first object written claims it), and None."""
         if self.list_names(key, 1):
             raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses a "
                             "directory")
+        return None
+
+    def remove_recorded(self, chain: Sequence[tuple[str, Identity | None]],
+                        names: Sequence[str], dirs: Sequence[str]) -> None:
+        """Delete `names` (relative) in the directory that `chain` leads to (each step: a
+        name and the identity create_dir returned), then its `dirs` (relative, deepest
+        first) and that directory itself when that leaves them empty. Best effort, never
+        raised. Stores without directories: by key (nothing can be swapped there)."""
+        base = "/".join(name for name, _ in chain)
+        self.delete([f"{base}/{n}" for n in names])
+        for d in dirs:
+            self.remove_dir(f"{base}/{d}")
+        self.remove_dir(base)
 
     def delete(self, keys: Sequence[str]) -> None:
         """Delete these files or objects (written by this run; absent ones are fine). Best
@@ -212,8 +230,9 @@ class Backend(ABC):
         how many. Stores without them: 0."""
         return 0
 
-    def pending_uploads(self, keys: Sequence[str]) -> int:
-        """How many unfinished uploads these keys have (reported before they are aborted)."""
+    def pending_uploads(self, keys: Sequence[str]) -> int | None:
+        """How many unfinished uploads these keys have (reported before they are aborted);
+        None when the store cannot say (then some may be left)."""
         return 0
 
     def remove_dir(self, key: str) -> None:

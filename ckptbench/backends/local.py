@@ -33,7 +33,7 @@ from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
     Capabilities,
-    NameTaken,
+    Identity,
     ReadHandle,
     WriteHandle,
     atomic_tmp,
@@ -47,6 +47,7 @@ from ckptbench.backends.filesystems import (
     filesystem_info,
 )
 from ckptbench.backends.options import BackendOptions, IOHints, option
+from ckptbench.backends.owned_dirs import make_dir, remove_recorded
 from ckptbench.backends.striping import apply_striping, striping_command
 from ckptbench.errors import BackendError
 from ckptbench.fields import open_regular
@@ -329,15 +330,17 @@ class LocalBackend(Backend):
             path.unlink()
 
     # --- what a run made, by name ---
-    def create_dir(self, key: str) -> None:
+    def create_dir(self, key: str) -> Identity:
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.mkdir()
-        except FileExistsError:
-            raise NameTaken(f"{path}: already exists; ckptbench never reuses a directory") from None
+            return make_dir(path)
         except OSError as exc:
             raise os_error(path, exc) from None
+
+    def remove_recorded(self, chain: Sequence[tuple[str, Identity | None]],
+                        names: Sequence[str], dirs: Sequence[str]) -> None:
+        """Only in the directories the run created, never through a link (owned_dirs)."""
+        remove_recorded(self.root, chain, names, dirs)
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -349,13 +352,14 @@ class LocalBackend(Backend):
             self._path(key).rmdir()
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        """Files under `prefix`, and directories with nothing in them (as 'name/')."""
+        """Files and links under `prefix`, and directories with nothing in them (as 'name/')."""
         base = self._path(prefix)
         out: list[str] = []
         for top, dirs, files in os.walk(base):
             dirs.sort()
             rel = Path(top).relative_to(self.root)
-            names = [str(rel / f) for f in sorted(files)]
+            links = sorted(d for d in dirs if os.path.islink(os.path.join(top, d)))
+            names = [str(rel / f) for f in sorted([*files, *links])]
             if not files and not dirs and Path(top) != base:
                 names = [f"{rel}/"]
             out += names[:limit - len(out)]

@@ -9,14 +9,25 @@ directories they were in if that leaves them empty; anything else (a user's file
 in place and reported. A run killed before its cleanup leaves its intent behind: a later
 run on the target finds it (debris), reports it, and with --clean-debris removes it by
 the same names, unfinished multipart uploads included.
+
+Deleting follows no link: every directory the run creates is created exclusively and its
+identity (device and inode) recorded in the intent, and a cleanup deletes recorded names
+only inside the very directories recorded (Backend.remove_recorded), so a checkpoint
+directory swapped for a link to someone else's files, or for a planted directory, loses
+nothing. Debris is only what is provably dead: a run on this host whose process is gone, or
+a run elsewhere whose lease (``.ckptbench-lease``, renewed every LEASE_RENEW_S by the live
+run) is older than LEASE_TIMEOUT_S (hosts' clocks are assumed to agree within that); a
+--keep run's committed checkpoints are kept, never debris.
 """
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptbench import __version__
 from ckptbench.backends import Backend
-from ckptbench.backends.base import NameTaken, atomic_tmp
+from ckptbench.backends.base import Identity, NameTaken, atomic_tmp
 from ckptbench.errors import BackendError
 from ckptbench.formats import format_class
 from ckptbench.formats.fill_ins import fill_in_dir, fill_in_names
@@ -34,7 +45,11 @@ if TYPE_CHECKING:
     from ckptbench.runner.options import RunOptions
 
 INTENT = ".ckptbench-run"
+LEASE = ".ckptbench-lease"
+LEASE_RENEW_S = 30.0  # how often a live run renews its lease
+LEASE_TIMEOUT_S = 300.0  # a lease not renewed for this long: the run is dead
 PROBE = ".ckptbench-probe"
+RUN_DIR = "."  # the run directory's entry in RunNames.ids
 SHOWN = 10  # leftovers named in a report
 CLAIM_TRIES = 100
 
@@ -47,11 +62,22 @@ class RunNames:
     checkpoints: tuple[str, ...]
     files: tuple[str, ...]  # in each checkpoint, the manifest included
     manifest: str = ""
+    ids: dict[str, Identity] = field(default_factory=dict)  # directory -> as created
+    keep: bool = False  # --keep: committed checkpoints stay
 
     @property
     def run_files(self) -> tuple[str, ...]:
         """The run directory's own files; the intent last (removed once all else is)."""
-        return (PROBE, atomic_tmp(PROBE), atomic_tmp(INTENT), INTENT)
+        return (PROBE, atomic_tmp(PROBE), LEASE, atomic_tmp(LEASE), atomic_tmp(INTENT), INTENT)
+
+    def made(self, directory: str, ident: Identity | None) -> RunNames:
+        """These names, with `directory` (RUN_DIR or a checkpoint) recorded as created."""
+        return self if ident is None else replace(self, ids={**self.ids, directory: ident})
+
+    def chain(self, checkpoint: str | None = None) -> list[tuple[str, Identity | None]]:
+        """The way to the run directory (or a checkpoint in it), with recorded identities."""
+        out = [(self.run_id, self.ids.get(RUN_DIR))]
+        return [*out, (checkpoint, self.ids.get(checkpoint))] if checkpoint else out
 
     def keys(self, checkpoint: str) -> list[str]:
         return [f"{self.run_id}/{checkpoint}/{f}" for f in self.files]
@@ -70,7 +96,7 @@ def run_names(plan: Plan, options: RunOptions, groups: list[list[int]]) -> RunNa
     return RunNames(options.run_id,
                     tuple([plan.checkpoint_name(i) for i in its]
                           + [fill_in_dir(plan, i) for i in its if fill]),
-                    tuple(dict.fromkeys(files)), plan.manifest)
+                    tuple(dict.fromkeys(files)), plan.manifest, keep=options.keep)
 
 
 def _dirs(files: Sequence[str]) -> list[str]:
@@ -85,27 +111,30 @@ def _dirs(files: Sequence[str]) -> list[str]:
 def remove_checkpoint(backend: Backend, names: RunNames, checkpoint: str,
                       uploads: bool = False) -> None:
     """Delete one checkpoint's files by name (`uploads`: abort unfinished uploads of them
-    first, when a writer may have been killed), then its directories if left empty."""
-    keys = names.keys(checkpoint)
+    first, when a writer may have been killed), then its directories if left empty; only
+    in the directory the run created (never one it did not, nor through a link)."""
     if uploads:
-        backend.abort_uploads(keys)
-    backend.delete(keys)
-    base = f"{names.run_id}/{checkpoint}"
-    for d in _dirs(names.files):
-        backend.remove_dir(f"{base}/{d}")
-    backend.remove_dir(base)
+        backend.abort_uploads(names.keys(checkpoint))
+    backend.remove_recorded(names.chain(checkpoint), names.files, _dirs(names.files))
 
 
 def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
                checkpoints: bool = True) -> list[str]:
     """Everything the run wrote, by name, and its directories if that leaves them empty
-    (`checkpoints=False`: they were removed already, iteration by iteration). Returns what
-    is left there (someone else's), at most SHOWN names."""
+    (`checkpoints=False`: they were removed already, iteration by iteration). Unfinished
+    uploads that cannot be aborted (or listed) keep the intent, so that a later
+    --clean-debris finds them. Returns what is left there (someone else's), at most SHOWN
+    names."""
     for checkpoint in names.checkpoints if checkpoints else ():
         remove_checkpoint(backend, names, checkpoint, uploads)
-    backend.delete([f"{names.run_id}/{f}" for f in names.run_files])
-    backend.remove_dir(names.run_id)
-    return backend.list_names(names.run_id, SHOWN)
+    pending = backend.pending_uploads(names.all_keys()) if uploads else 0
+    run_files = names.run_files if pending == 0 else (PROBE, atomic_tmp(PROBE))
+    backend.remove_recorded(names.chain(), run_files, ())
+    left = backend.list_names(names.run_id, SHOWN)
+    if pending != 0:
+        left.append(f"{'some' if pending is None else pending} unfinished upload(s) (their "
+                    f"intent {names.run_id}/{INTENT} kept for --clean-debris)")
+    return left
 
 
 def keep_run(backend: Backend, names: RunNames, clean: bool) -> None:
@@ -115,17 +144,17 @@ def keep_run(backend: Backend, names: RunNames, clean: bool) -> None:
         for checkpoint in names.checkpoints:
             if not backend.exists(f"{names.run_id}/{checkpoint}/{names.manifest}"):
                 remove_checkpoint(backend, names, checkpoint, uploads=True)
-    backend.delete([f"{names.run_id}/{f}" for f in names.run_files])
+    backend.remove_recorded(names.chain(), names.run_files, ())
 
 
 # --- the claim and the intent ---
-def claim(backend: Backend, run_id: str) -> str:
-    """Create the run's directory exclusively: `run_id`, or the first free `run_id-N`."""
+def claim(backend: Backend, run_id: str) -> tuple[str, Identity | None]:
+    """Create the run's directory exclusively: `run_id`, or the first free `run_id-N`;
+    its name and identity."""
     for n in range(1, CLAIM_TRIES + 1):
         name = run_id if n == 1 else f"{run_id}-{n}"
         try:
-            backend.create_dir(name)
-            return name
+            return name, backend.create_dir(name)
         except NameTaken:
             continue
     raise BackendError(f"target {backend.target}: {run_id} and {CLAIM_TRIES - 1} names after it "
@@ -143,14 +172,52 @@ def _process_start(pid: int) -> int | None:
 
 
 def write_intent(backend: Backend, names: RunNames) -> None:
-    """Record the run's names before its first write. Every end of the run removes it
-    last, so a run directory holding one is a run in progress, or debris."""
+    """Record the run's names before its first write, and its lease. Every end of the run
+    removes them last, so a run directory holding an intent is a run in progress, or
+    debris."""
     record = {"created_by": "ckptbench", "version": __version__, "run_id": names.run_id,
               "state": "running", "host": socket.gethostname(), "pid": os.getpid(),
               "pid_start": _process_start(os.getpid()),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "checkpoints": list(names.checkpoints), "files": list(names.files)}
+              "keep": names.keep, "manifest": names.manifest,
+              "checkpoints": list(names.checkpoints), "files": list(names.files),
+              "ids": {k: list(v) for k, v in names.ids.items()}}
     backend.put_atomic(f"{names.run_id}/{INTENT}", json.dumps(record).encode())
+    renew_lease(backend, names.run_id)
+
+
+def record_dir(backend: Backend, names: RunNames) -> None:
+    """Rewrite the intent with the directories created so far (names.ids): the process
+    that created a checkpoint's directory records it before writing in it."""
+    record = json.loads(backend.get(f"{names.run_id}/{INTENT}"))
+    record["ids"] = {k: list(v) for k, v in names.ids.items()}
+    backend.put_atomic(f"{names.run_id}/{INTENT}", json.dumps(record).encode())
+
+
+def renew_lease(backend: Backend, run_id: str) -> None:
+    record = {"renewed": time.time(), "timeout_s": LEASE_TIMEOUT_S, "host": socket.gethostname()}
+    backend.put_atomic(f"{run_id}/{LEASE}", json.dumps(record).encode())
+
+
+class Lease:
+    """The live run's heartbeat: renews its lease every LEASE_RENEW_S until stopped (the
+    first renewal after that long, once the run's processes are started)."""
+
+    def __init__(self, backend: Backend, run_id: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, args=(backend, run_id),
+                                        name="ckptbench-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self, backend: Backend, run_id: str) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            with contextlib.suppress(Exception):  # a store down now: the run sees it
+                renew_lease(backend, run_id)
+
+    def stop(self) -> None:
+        """Stop renewing (before the cleanup removes the lease: never written after it)."""
+        self._stop.set()
+        self._thread.join()
 
 
 def read_intent(backend: Backend, run_dir: str) -> dict[str, Any] | None:
@@ -167,17 +234,50 @@ def read_intent(backend: Backend, run_dir: str) -> dict[str, Any] | None:
     return record if ok else None
 
 
+def recorded_ids(intent: dict[str, Any]) -> dict[str, Identity]:
+    """The directories an intent records as created, with their identities."""
+    ids = intent.get("ids")
+    out: dict[str, Identity] = {}
+    for k, v in (ids.items() if isinstance(ids, dict) else ()):
+        if (isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+            out[str(k)] = (v[0], v[1])
+    return out
+
+
+def names_of(intent: dict[str, Any]) -> RunNames:
+    manifest = intent.get("manifest")
+    return RunNames(str(intent["run_id"]), tuple(intent["checkpoints"]), tuple(intent["files"]),
+                    manifest if isinstance(manifest, str) and _safe(manifest) else "",
+                    recorded_ids(intent), intent.get("keep") is True)
+
+
+def _lease_expired(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
+    """The run's lease (or, before its first renewal, its start) is older than its timeout."""
+    renewed, timeout = 0.0, LEASE_TIMEOUT_S
+    with contextlib.suppress(FileNotFoundError, OSError, ValueError, BackendError,
+                             AttributeError, TypeError):
+        lease = json.loads(backend.get(f"{run_dir}/{LEASE}"))
+        renewed, timeout = float(lease["renewed"]), max(timeout, float(lease["timeout_s"]))
+    with contextlib.suppress(ValueError, TypeError):
+        started = calendar.timegm(time.strptime(str(intent.get("started")), "%Y-%m-%dT%H:%M:%SZ"))
+        renewed = max(renewed, started)
+    return time.time() - renewed > timeout
+
+
 def _safe(name: str) -> bool:
     """A relative name that stays inside its directory (an intent is data, not a command)."""
     parts = name.split("/")
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def _live(intent: dict[str, Any]) -> bool:
-    """The run that wrote `intent` may still be running on this host (when unsure: yes,
-    it is left alone). Runs started on other hosts cannot be checked from here."""
+def _live(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
+    """The run that wrote `intent` may still be running (when unsure: yes, it is left
+    alone). On this host: its process is there. Elsewhere: its lease has not expired."""
     pid = intent.get("pid")
-    if intent.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+    if intent.get("host") != socket.gethostname():
+        return not _lease_expired(backend, run_dir, intent)
+    if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -225,21 +325,27 @@ def find_debris(backend: Backend) -> Debris | None:
     runs, hosts = [], []
     for run_dir in backend.run_dirs():
         intent = read_intent(backend, run_dir)
-        if intent is None or intent.get("state") != "running" or _live(intent):
+        if intent is None or intent.get("state") != "running" or _live(backend, run_dir, intent):
             continue
-        runs.append(RunNames(run_dir, tuple(intent["checkpoints"]), tuple(intent["files"])))
+        runs.append(names_of(intent))
         hosts.append(str(intent.get("host")))
     if not runs:
         return None
     keys = [k for n in runs for k in n.all_keys()]
-    return Debris(runs, hosts, backend.pending_uploads(keys))
+    return Debris(runs, hosts, backend.pending_uploads(keys) or 0)
 
 
 def clean_debris(backend: Backend, debris: Debris) -> Debris:
-    """Remove the debris by the names each run recorded; say what is left."""
+    """Remove the debris by the names each run recorded (a --keep run's committed
+    checkpoints stay, as its own end would have left them); say what is left."""
     left: list[str] = []
     for names in debris.runs:
-        left += remove_run(backend, names, uploads=True)
+        kept = ([c for c in names.checkpoints
+                 if backend.exists(f"{names.run_id}/{c}/{names.manifest}")]
+                if names.keep and names.manifest else [])
+        gone = replace(names, checkpoints=tuple(c for c in names.checkpoints if c not in kept))
+        left += [n for n in remove_run(backend, gone, uploads=True)
+                 if not any(n.startswith(f"{names.run_id}/{c}/") for c in kept)]
     return replace(debris, removed=True, left=left[:SHOWN])
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend
-from ckptbench.errors import RunFailed, describe_error
+from ckptbench.errors import BackendError, RunFailed, describe_error
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
@@ -60,7 +60,7 @@ from ckptbench.records import (
     RestorePhaseRecord,
     SavePhaseRecord,
 )
-from ckptbench.runner.cleanup import RunNames, remove_checkpoint, run_names
+from ckptbench.runner.cleanup import RunNames, record_dir, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
@@ -114,6 +114,7 @@ class Iterations:
         self.moved = _moved(progress, watch)
         self.fmt, self.watched = _watched_format(plan, my_ranks, backend, comm, options,
                                                  self.moved, watch)
+        self.recorded = names is not None  # the session's: in an intent, kept up to date
         if comm.rank == 0 and names is None:
             names = run_names(plan, options, [[r] for r in all_ranks])
         self.made = names if names is not None else RunNames(options.run_id, (), ())
@@ -142,9 +143,12 @@ class Iterations:
     def claim(self, it: int) -> None:
         """Collective: process 0 creates the checkpoint's directory, exclusively (never
         one that exists); RunFailed everywhere when it cannot."""
-        root = self.comm.rank == 0
-        _agree(self.comm, _claim(self.backend, self.checkpoint(it), it, self.sink) if root
-               else None)
+        decision = None
+        if self.comm.rank == 0:
+            decision, self.made = _claim(self.backend, self.made, self.checkpoint(it),
+                                         self.plan.checkpoint_name(it), it, self.sink,
+                                         self.recorded)
+        _agree(self.comm, decision)
 
     def commit(self, it: int, gathered: list[PhaseReport], sink: RecordSink | None
                ) -> dict[str, Any]:
@@ -227,16 +231,22 @@ def _agree(comm: Comm, decision: dict[str, Any] | None) -> None:
         raise RunFailed(decision["message"], decision["kind"])
 
 
-def _claim(backend: Backend, ckpt: str, it: int, sink: RecordSink | None) -> dict[str, Any]:
-    """Create the checkpoint's directory exclusively; on failure record why."""
+def _claim(backend: Backend, names: RunNames, ckpt: str, name: str, it: int,
+           sink: RecordSink | None, record: bool) -> tuple[dict[str, Any], RunNames]:
+    """Create the checkpoint's directory exclusively and record it in the run's intent
+    before anything is written in it (a cleanup deletes only in directories recorded so);
+    on failure record why."""
     try:
-        backend.create_dir(ckpt)
+        ident = backend.create_dir(ckpt)
+        names = names.made(name, ident)
+        if ident is not None and record:
+            record_dir(backend, names)
     except Exception as exc:
         kind, message = describe_error(exc)
         if sink:
             sink.write(ErrorRecord(it, "save", kind, message))
-        return {"ok": False, "kind": kind, "message": message}
-    return {"ok": True}
+        return {"ok": False, "kind": kind, "message": message}, names
+    return {"ok": True}, names
 
 
 def _moved(progress: Callable[[int], None] | None, watch: StallWatch | None
@@ -368,6 +378,7 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
         pad = dcp_metadata_bytes(plan) if options.format == "raw" else 0
         data = encode_manifest(manifest, pad)
         try:
+            _check_present(backend, ckpt, manifest, options.format == "raw")
             t0 = now()
             backend.put_atomic(manifest_key, data)
             commit = (t0, now())
@@ -386,6 +397,20 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
     if failure is not None:
         return {"ok": False, "kind": failure[0], "message": failure[1]}
     return {"ok": True}
+
+
+def _check_present(backend: Backend, ckpt: str, manifest: dict[str, Any], files: bool) -> None:
+    """Before a manifest is committed: every object it names (and, `files`, every file)
+    is there, so that a checkpoint whose files vanished (removed by another process) is
+    never committed as if complete."""
+    keys = [f"{ckpt}/{k}" for k in manifest.get("objects", {})]
+    if files:
+        keys += [e.get("path", k) for k, e in manifest["files"].items()]
+    missing = next((k for k in dict.fromkeys(keys) if not backend.exists(k)), None)
+    if missing is not None:
+        raise BackendError(f"{backend.target.rstrip('/')}/{missing}: written in this save but no "
+                        "longer there (removed by another process?); the checkpoint is not "
+                        "committed")
 
 
 def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],

@@ -31,12 +31,16 @@ from ckptbench.plan.restore import restore_plan_of
 from ckptbench.records import SCHEMA, ClockRecord, ErrorRecord, JsonlSink, environment
 from ckptbench.runner.cleanup import (
     PROBE,
+    RUN_DIR,
     SHOWN,
     Debris,
+    Lease,
     RunNames,
     claim,
     handle_debris,
     keep_run,
+    read_intent,
+    recorded_ids,
     remove_run,
     run_names,
     write_intent,
@@ -214,8 +218,8 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSin
                     opened = True
                 backend.prepare()
                 debris = handle_debris(backend, req.options.clean_debris)
-                run_id = claim(backend, run_id)
-                claimed = names = replace(names, run_id=run_id)
+                run_id, ident = claim(backend, run_id)
+                claimed = names = replace(names, run_id=run_id).made(RUN_DIR, ident)
                 write_intent(backend, names)
                 probe = f"{run_id}/{PROBE}"
                 striping = striping_record(backend, req.plan, run_id)
@@ -260,6 +264,7 @@ def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | Non
     backend = req.backend
     where = f"{backend.target.rstrip('/')}/{names.run_id}"
     try:
+        names = _created(backend, names)
         if req.options.keep:
             keep_run(backend, names, clean)
             return
@@ -276,6 +281,15 @@ def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | Non
         more = "" if len(left) < SHOWN else " and more"
         notice(f"left in place in {where}: {', '.join(left)}{more} (not written by this run; "
                "ckptbench deletes only what it wrote)")
+
+
+def _created(backend: Backend, names: RunNames) -> RunNames:
+    """`names` with the checkpoint directories the run's process 0 created and recorded in
+    the intent (the run directory's identity is this process's own, never re-read)."""
+    intent = read_intent(backend, names.run_id)
+    recorded = recorded_ids(intent) if intent is not None else {}
+    return replace(names, ids={**recorded, RUN_DIR: names.ids[RUN_DIR]}
+                   if RUN_DIR in names.ids else recorded)
 
 
 def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
@@ -311,6 +325,7 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         on_start()
     failure: RunFailed | None = None
     clean = False
+    lease = Lease(req.backend, names.run_id) if launcher.root else None
     try:
         if sink is not None:
             extra = {"debris": prepared.debris.record()} if prepared.debris else {}
@@ -334,6 +349,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         launcher.barrier()
         clean = failure is None
     finally:
+        if lease is not None:
+            lease.stop()
         if launcher.root:
             _finish(req, names, clean, sink, notice)
         launcher.barrier()

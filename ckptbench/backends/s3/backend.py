@@ -325,12 +325,12 @@ class S3Backend(Backend):
         with ThreadPoolExecutor(max(1, min(self.concurrency, 16, len(keys)))) as pool:
             return [u for found in pool.map(one, keys) for u in found]
 
-    def pending_uploads(self, keys: Sequence[str]) -> int:
+    def pending_uploads(self, keys: Sequence[str]) -> int | None:
         try:
             return len(self._uploads_of(keys))
         except BackendError:
             self._proc().count("cleanup_errors")
-            return 0
+            return None  # cannot say: the caller keeps the run's intent
 
     def abort_uploads(self, keys: Sequence[str]) -> int:
         client = self._cleanup_client()

@@ -1,0 +1,113 @@
+"""Directories a run created on a file system, and deleting in them without following a
+link: the one way ckptbench deletes files there.
+
+A run's directories live in a target other users may write to. Between the run creating
+a directory and its cleanup, the directory can be replaced by a symbolic link to someone
+else's files, or by a plain directory holding files of the same names. Paths are
+therefore never deleted by name from the top: each directory on the way is opened
+relative to the one before it (``openat``) with ``O_NOFOLLOW``, the run's own directories
+are checked against the device and inode recorded when they were created, and the files
+are unlinked relative to the directory's descriptor (``unlinkat``), which acts on that
+directory whatever its path leads to by then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ckptbench.backends.base import Identity, NameTaken
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_OWN = _DIR | os.O_NOFOLLOW
+
+
+def identity_of(fd: int) -> Identity:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
+
+
+def make_dir(path: Path) -> Identity:
+    """Create directory `path` exclusively, in its parent opened without following a link
+    (its parents made first when missing); its identity. NameTaken when the name exists
+    (a directory, a file or a link: never reused, never followed)."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.open(path.parent, _OWN)
+    try:
+        try:
+            os.mkdir(path.name, 0o777, dir_fd=parent)
+        except FileExistsError:
+            raise NameTaken(f"{path}: already exists; ckptbench never reuses a directory") from None
+        fd = os.open(path.name, _OWN, dir_fd=parent)
+        try:
+            return identity_of(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
+
+
+def _open_in(fd: int, rel: str) -> int:
+    """Directory `rel` ('a/b') under `fd`, each step opened without following a link."""
+    fds: list[int] = []
+    try:
+        for part in rel.split("/"):
+            fds.append(os.open(part, _OWN, dir_fd=fds[-1] if fds else fd))
+        return fds.pop()
+    finally:
+        for opened in fds:
+            os.close(opened)
+
+
+def _at(fd: int, rel: str, act: str) -> None:
+    """unlink (act 'file') or rmdir (act 'dir') `rel` under `fd`; failures left alone."""
+    head, _, name = rel.rpartition("/")
+    with contextlib.suppress(OSError):
+        where = _open_in(fd, head) if head else fd
+        try:
+            if act == "file":
+                os.unlink(name, dir_fd=where)
+            else:
+                os.rmdir(name, dir_fd=where)
+        finally:
+            if where != fd:
+                os.close(where)
+
+
+def remove_recorded(root: Path, chain: Sequence[tuple[str, Identity | None]],
+                    names: Sequence[str], dirs: Sequence[str]) -> bool:
+    """Delete `names` in the directory `chain` leads to from `root`, then `dirs` in it
+    and the directory itself when empty; only if every step of `chain` is a directory
+    (never a link) with the identity recorded for it (the last step must have one). False:
+    nothing was deleted (a step missing, swapped, or the last never recorded)."""
+    if not chain or chain[-1][1] is None:
+        return False
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root, _DIR))
+        for name, ident in chain:
+            fds.append(os.open(name, _OWN, dir_fd=fds[-1]))
+            if ident is not None and identity_of(fds[-1]) != tuple(ident):
+                return False
+        here = fds[-1]
+        for name in names:
+            _at(here, name, "file")
+        for d in dirs:
+            _at(here, d, "dir")
+        with contextlib.suppress(OSError):  # still ours under that name, and empty
+            last = os.open(chain[-1][0], _OWN, dir_fd=fds[-2])
+            try:
+                same = identity_of(last) == identity_of(here)
+            finally:
+                os.close(last)
+            if same:
+                os.rmdir(chain[-1][0], dir_fd=fds[-2])
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
