@@ -13,7 +13,7 @@ import click
 
 from ckptbench import cadence, jobmodel
 from ckptbench.cli.cadence_async import async_note, split_save
-from ckptbench.cli.output_file import check_output_path, write_output_file
+from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
@@ -200,7 +200,7 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
     MTBF is given, or computed from a preset or component rates.
     """
     if plot is not None:
-        check_output_path(plot, "--plot", ".png", force)
+        check_output_path(plot, "--plot", ".png", force, results)
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus = {gpus} must be an integer >= 1")
     if gpus_per_node < 1:
@@ -425,20 +425,6 @@ def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower center")
     save_figure(fig, path, force)
-
-
-def save_figure(fig: Any, path: Path, force: bool = False) -> None:
-    """Write a matplotlib figure for --plot to a new file (`force`: replacing what is at
-    `path`; one-line error if it cannot), then free it."""
-    import matplotlib.pyplot as plt
-
-    title = " / ".join(t for t in (ax.get_title() for ax in fig.axes) if t)
-    try:
-        write_output_file(path, "--plot", force,
-                          lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight",
-                                                metadata={"Title": title.replace("\n", ", ")}))
-    finally:
-        plt.close(fig)
 
 
 COMMANDS: list[click.Command] = [cadence_command]

@@ -15,8 +15,7 @@ import click
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
-from ckptbench.cli.cadence_cmd import save_figure
-from ckptbench.cli.output_file import check_output_path
+from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.report import levels_figures
 from ckptbench.simulate import Failures, simulate

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ckptbench import jobmodel
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
-from ckptbench.cli.cadence_cmd import save_figure
+from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.payload import MODES
@@ -79,7 +79,8 @@ def render(console: Console, points: list[jobmodel.SweepPoint],
                           " per node)")
 
 
-def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> None:
+def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str,
+               force: bool = False) -> None:
     """Per-node GB/s against ranks per node (log 2), with linear scaling from the first point."""
     import matplotlib
 
@@ -100,7 +101,7 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    save_figure(fig, path)
+    save_figure(fig, path, force)
 
 
 @click.command("sweep")
@@ -123,14 +124,18 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str) -> Non
               help="Directory for the results files and the sweep file "
                    "[default: results/<workload>-sweep-<time>].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of GB/s per node (data only) against ranks per node.")
+              help="Write a PNG of GB/s per node (data only) against ranks per node (a new "
+                   ".png file).")
+@click.option("--force", is_flag=True, help="Replace a file or link at --plot.")
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep's points as JSON.")
 def sweep_command(workload: str, counts: str, target: str, iterations: int, scale: int,
                   threads: int | None, block_size: str, payload: str, cache: str,
-                  out: Path | None, plot_path: Path | None, as_json: bool,
+                  out: Path | None, plot_path: Path | None, force: bool, as_json: bool,
                   **_backend_values: Any) -> None:  # read as typed_backend_flags
     """Run WORKLOAD at several ranks per node; one results file per point and a sweep file."""
+    if plot_path is not None:  # refused before the sweep, not after it
+        check_output_path(plot_path, "--plot", ".png", force, [Path(workload)])
     given = typed_backend_flags(click.get_current_context())
     backend = options_for_target(target, given)
     full = load_workload(workload)
@@ -158,7 +163,8 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,
                                       "iterations": iterations, "target": target}, points)
     if plot_path is not None:
-        plot_curve(plot_path, points, full.name + (f", scale {scale}" if scale > 1 else ""))
+        plot_curve(plot_path, points, full.name + (f", scale {scale}" if scale > 1 else ""),
+                   force)
     if as_json:
         click.echo(json.dumps({"sweep": str(sweep_file),
                                "points": [p.__dict__ for p in points]}, indent=2))

@@ -352,20 +352,28 @@ def output_dir(directory: str | Path, option: str) -> Path:
     return out
 
 
-def write_plots(drawn: Drawn, directory: str | Path) -> list[Path]:
-    """Every figure as a PNG in `directory` (created): <results stem>-<figure>.png, and
-    compare.png for several runs. Returns the files written."""
-    out = output_dir(directory, "--plots")
-    stems = [Path(r.path).stem for r in drawn.runs]
-    if len(set(stems)) < len(stems):
-        stems = [f"{i}-{s}" for i, s in enumerate(stems, 1)]
-    files = [(out / f"{stem}-{p.name}.png", p) for stem, pics in zip(stems, drawn.per_run, strict=True)
-             for p in pics]
+RUN_FIGURES = ("timeline", "throughput", "ranks", "latency", "iterations")  # run_pictures'
+
+
+def _stems(runs: Sequence[RunData]) -> list[str]:
+    stems = [Path(r.path).stem for r in runs]
+    return [f"{i}-{s}" for i, s in enumerate(stems, 1)] if len(set(stems)) < len(stems) else stems
+
+
+def plot_paths(runs: Sequence[RunData], directory: str | Path) -> list[Path]:
+    """The PNG files --plots will write for `runs`, known before anything is drawn:
+    <results stem>-<figure>.png for each run with op records, compare.png for several."""
+    out = Path(directory)
+    paths = [out / f"{stem}-{name}.png" for stem, r in zip(_stems(runs), runs, strict=True)
+             if len(r.ops) for name in RUN_FIGURES]
+    return paths + ([out / "compare.png"] if len(runs) > 1 else [])
+
+
+def plot_files(drawn: Drawn, directory: str | Path) -> list[tuple[Path, bytes]]:
+    """Every figure as (path in `directory`, PNG bytes), named as plot_paths says."""
+    out = Path(directory)
+    files = [(out / f"{stem}-{p.name}.png", p.png)
+             for stem, pics in zip(_stems(drawn.runs), drawn.per_run, strict=True) for p in pics]
     if drawn.compare is not None:
-        files.append((out / f"{drawn.compare.name}.png", drawn.compare))
-    for path, p in files:
-        try:
-            path.write_bytes(p.png)
-        except OSError as exc:
-            raise CkptbenchError(f"--plots {path}: cannot write ({exc.strerror or exc})") from None
-    return [path for path, _ in files]
+        files.append((out / f"{drawn.compare.name}.png", drawn.compare.png))
+    return files

@@ -13,14 +13,12 @@ import json
 import time
 from collections.abc import Sequence
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from ckptbench import __version__
-from ckptbench.errors import CkptbenchError
 from ckptbench.report import compare
 from ckptbench.report.data import RunData
-from ckptbench.report.figures import Drawn, Picture, output_dir
+from ckptbench.report.figures import Drawn, Picture
 from ckptbench.report.table import Grid, async_grid, restore_plan_grid, storage_grid, summary_grid
 from ckptbench.units import format_size
 
@@ -131,14 +129,3 @@ by ckptbench {escape(__version__)}.</p>
 {"".join(parts)}
 </body></html>
 """
-
-
-def write_html(drawn: Drawn, path: str | Path) -> Path:
-    """Write the report to `path` (parent directories created); return the path."""
-    out = Path(path)
-    output_dir(out.parent, f"--html {path}:")
-    try:
-        out.write_text(render_html(drawn), encoding="utf-8")
-    except OSError as exc:
-        raise CkptbenchError(f"--html {path}: cannot write ({exc.strerror or exc})") from None
-    return out

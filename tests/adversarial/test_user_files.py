@@ -298,14 +298,26 @@ def test_the_intent_names_everything_before_the_first_write(tmp_path: Path, fmt:
     backend = Recorder(open_backend(str(target)))
     _measure(_request(backend, "run-k", keep=True, iterations=2, fmt=fmt), tmp_path / "r.jsonl")
     assert backend.written[0] == ("put_atomic", "run-k/.ckptbench-run")
-    (intent,) = backend.intents
+    intent, *updates = backend.intents
     # rank 0 alone restores by the DCP plan (raw): the chunks it reads from other ranks'
     # files are fill-ins, named too, and removed after each restore (runner.fill_in)
     fill = ["checkpoint-1-fill-in", "checkpoint-2-fill-in"] if fmt == "raw" else []
     assert intent["run_id"] == "run-k"
     assert intent["checkpoints"] == ["checkpoint-1", "checkpoint-2", *fill]
+    # Rewritten only to record each directory the run creates, before its first write there.
+    assert all({k: u[k] for k in intent if k != "ids"} == {k: intent[k] for k in intent
+                                                             if k != "ids"} for u in updates)
+    assert [len(u["ids"]) for u in updates] == list(range(2, len(intent["checkpoints"]) + 2))
+    assert set(updates[-1]["ids"]) == {".", *intent["checkpoints"]}
+    intent_at = [i for i, (_, k) in enumerate(backend.written) if k == "run-k/.ckptbench-run"]
+    for c in intent["checkpoints"]:
+        recorded = next(i for i, u in zip(intent_at, backend.intents, strict=True)
+                        if c in u["ids"])
+        first = next(i for i, (_, k) in enumerate(backend.written) if k.startswith(f"run-k/{c}/"))
+        assert recorded < first
     named = {f"run-k/{c}/{f}" for c in intent["checkpoints"] for f in intent["files"]}
-    assert {key for _, key in backend.written[1:]} <= named
+    own = {"run-k/.ckptbench-run", "run-k/.ckptbench-lease"}  # the intent and the lease
+    assert {key for _, key in backend.written[1:]} - own <= named
     assert bool(fill) == any("-fill-in/" in key for _, key in backend.written)
     files = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
     assert "run-k/.ckptbench-run" not in files
