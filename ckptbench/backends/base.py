@@ -301,12 +301,13 @@ class Backend(ABC):
         return {}
 
 
-def marker_bytes(created_target: bool = False) -> bytes:
+def marker_bytes(created_target: bool = False, created_parents: int = 0) -> bytes:
     """The target marker; `created_target`: ckptbench made the directory itself (so the
-    last run to leave it empty may remove it)."""
+    last run to leave it empty may remove it), and `created_parents` of its parents."""
     return json.dumps({"created_by": "ckptbench", "version": __version__,
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "created_target": created_target}).encode()
+                       "created_target": created_target,
+                       "created_parents": created_parents}).encode()
 
 
 def foreign_target_error(target: str, example: str) -> BackendError:

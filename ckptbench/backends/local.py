@@ -194,6 +194,7 @@ class LocalBackend(Backend):
         self.direct = self.io == "direct"
         self.alignment = DIRECT_ALIGN if self.direct else 1
         self.created_root = False
+        self.created_parents = 0  # parents of the target that prepare() made
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -204,10 +205,12 @@ class LocalBackend(Backend):
         if root.exists() and not root.is_dir():
             raise BackendError(f"target {root} is not a directory; allowed: a new or empty directory")
         if not root.exists():
+            missing = [p for p in root.parents if not p.exists()]
             try:
                 root.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise os_error(root.parent, exc) from None
+            self.created_parents = len(missing)
             try:
                 root.mkdir()
                 self.created_root = True
@@ -225,39 +228,50 @@ class LocalBackend(Backend):
                 raise foreign_target_error(str(root), sorted(entries)[0])
             try:
                 with open(marker, "xb") as f:
-                    f.write(marker_bytes(self.created_root))
+                    f.write(marker_bytes(self.created_root, self.created_parents))
             except FileExistsError:
                 pass  # another run marked this empty directory at the same moment
             except OSError as exc:
-                self._undo_root()
+                if self.created_root:
+                    self._undo_root()
                 raise os_error(root, exc) from None
         if not os.access(root, os.W_OK):
             raise BackendError(f"{root}: permission denied (the target must be writable)")
 
-    def _undo_root(self) -> None:
-        if self.created_root:
-            with contextlib.suppress(OSError):
-                self.root.rmdir()
+    def _undo_root(self, parents: int | None = None) -> None:
+        """Remove the target (and the `parents` of it that were made for it) if empty."""
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+            for parent in list(self.root.parents)[:self.created_parents if parents is None
+                                                  else parents]:
+                parent.rmdir()  # stops at the first that is not empty
 
     def release(self) -> None:
-        """Remove the marker and the target when ckptbench made the target and nothing else
-        is left in it: this run made it, or the marker says ckptbench did (another run on
-        the same target made it and left first)."""
-        if not self.created_root and not self._marker_says_created():
+        """Remove the marker and the target, and the parents made for it, when ckptbench
+        made the target and nothing else is left in it: this run made it, or the marker
+        says ckptbench did (another run on the same target made it and left first)."""
+        made = self._marker_made()
+        if not self.created_root and made is None:
             return
         try:
             if [e for e in os.listdir(self.root) if e != TARGET_MARKER]:
                 return
             (self.root / TARGET_MARKER).unlink(missing_ok=True)
-            self.root.rmdir()
         except OSError:
-            pass
+            return
+        self._undo_root(max(self.created_parents, made or 0))
 
-    def _marker_says_created(self) -> bool:
+    def _marker_made(self) -> int | None:
+        """How many parents the run that made the target made for it (its marker), or None
+        when the marker does not say ckptbench made the target."""
         try:
-            return bool(json.loads((self.root / TARGET_MARKER).read_bytes()).get("created_target"))
+            marker = json.loads((self.root / TARGET_MARKER).read_bytes())
+            parents = marker.get("created_parents", 0)
+            if not marker.get("created_target"):
+                return None
+            return parents if isinstance(parents, int) and 0 <= parents < 64 else 0
         except (OSError, ValueError, AttributeError):
-            return False
+            return None
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:

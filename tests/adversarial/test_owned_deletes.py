@@ -201,3 +201,26 @@ def test_files_that_vanish_before_the_commit_are_never_committed(tmp_path: Path)
                 "--no-restore")
     one_line(r, 2, "__0_0.distcp", "no longer there")
     assert not target.exists() or not list(target.glob("run-*/checkpoint-1/.metadata"))
+
+
+# --- family 10: a nested target ---
+def test_a_nested_target_removes_the_parents_it_created(tmp_path: Path) -> None:
+    """`--target n/a/b` makes n and n/a; the run leaves none of them behind, and keeps a
+    parent that holds someone else's file."""
+    r = run("run", str(TINY), "--target", "n/a/b", "--results", str(tmp_path / "r.jsonl"),
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "n").exists()
+    proc = subprocess.Popen(
+        [sys.executable, str(HOOK), f"pause:{tmp_path}", "--", str(TINY), "--target",
+         "n/a/b", "--results", str(tmp_path / "s.jsonl")],
+        cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("the run paused after its first commit", (tmp_path / "paused").exists,
+                 proc=proc)
+        (tmp_path / "n" / "NOTES.txt").write_text("a user's file")
+    finally:
+        (tmp_path / "go").touch()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert tree(tmp_path / "n") == ["NOTES.txt"]
