@@ -250,8 +250,8 @@ def _prepare(req: RunRequest, launcher: Launcher, topo: Topology, sink: JsonlSin
             remove_run(backend, claimed)
         backend.release()
         raise
-    if launcher.root and multi_node:
-        backend.delete([probe])
+    if launcher.root and multi_node and claimed is not None:
+        backend.remove_recorded(claimed.chain(), [PROBE], ())
     final = names if names is not None else RunNames(run_id, (), ())
     return _Prepared(replace(final, run_id=run_id), striping, debris)
 
