@@ -48,9 +48,11 @@ INTENT = ".ckptbench-run"
 LEASE = ".ckptbench-lease"
 LEASE_RENEW_S = 30.0  # how often a live run renews its lease
 LEASE_TIMEOUT_S = 300.0  # a lease not renewed for this long: the run is dead
+LEASE_JOIN_S = 2.0  # how long the end of a run waits for a renewal in flight
 PROBE = ".ckptbench-probe"
 RUN_DIR = "."  # the run directory's entry in RunNames.ids
 SHOWN = 10  # leftovers named in a report
+UPLOADS_LEFT = "unfinished upload(s)"  # in a cleanup's leftovers: aborts that did not happen
 CLAIM_TRIES = 100
 
 
@@ -125,15 +127,20 @@ def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
     uploads that cannot be aborted (or listed) keep the intent, so that a later
     --clean-debris finds them. Returns what is left there (someone else's), at most SHOWN
     names."""
+    pending: int | None = 0
+    if uploads:  # a store that cannot list them now cannot abort them either: not tried
+        pending = backend.pending_uploads(names.all_keys())
+        if pending:
+            backend.abort_uploads(names.all_keys())
+            pending = backend.pending_uploads(names.all_keys())
     for checkpoint in names.checkpoints if checkpoints else ():
-        remove_checkpoint(backend, names, checkpoint, uploads)
-    pending = backend.pending_uploads(names.all_keys()) if uploads else 0
+        remove_checkpoint(backend, names, checkpoint)
     run_files = names.run_files if pending == 0 else (PROBE, atomic_tmp(PROBE))
     backend.remove_recorded(names.chain(), run_files, ())
     left = backend.list_names(names.run_id, SHOWN)
     if pending != 0:
-        left.append(f"{'some' if pending is None else pending} unfinished upload(s) (their "
-                    f"intent {names.run_id}/{INTENT} kept for --clean-debris)")
+        left.append(f"{'maybe some' if pending is None else pending} {UPLOADS_LEFT} (the store "
+                    f"did not answer; the run's intent {names.run_id}/{INTENT} is kept)")
     return left
 
 
@@ -215,9 +222,11 @@ class Lease:
                 renew_lease(backend, run_id)
 
     def stop(self) -> None:
-        """Stop renewing (before the cleanup removes the lease: never written after it)."""
+        """Stop renewing, before the cleanup removes the lease. A renewal in flight on a
+        store that stopped answering is not waited for beyond LEASE_JOIN_S (the cleanup's
+        own bounded requests come first; the intent then stays with its lease anyway)."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(LEASE_JOIN_S)
 
 
 def read_intent(backend: Backend, run_dir: str) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from ckptbench.runner.cleanup import (
     PROBE,
     RUN_DIR,
     SHOWN,
+    UPLOADS_LEFT,
     Debris,
     Lease,
     RunNames,
@@ -277,19 +278,24 @@ def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | Non
     if sink is not None:
         sink.write({"type": "cleanup", "run_id": names.run_id, "left": left})
         sink.flush()
+    uploads = [x for x in left if UPLOADS_LEFT in x]
+    left = [x for x in left if UPLOADS_LEFT not in x]
     if left:
         more = "" if len(left) < SHOWN else " and more"
         notice(f"left in place in {where}: {', '.join(left)}{more} (not written by this run; "
                "ckptbench deletes only what it wrote)")
+    if uploads:
+        notice(f"{where}: {uploads[0]}; a later run with --clean-debris aborts them")
 
 
 def _created(backend: Backend, names: RunNames) -> RunNames:
     """`names` with the checkpoint directories the run's process 0 created and recorded in
     the intent (the run directory's identity is this process's own, never re-read)."""
+    if RUN_DIR not in names.ids:  # a store without directories: nothing recorded
+        return names
     intent = read_intent(backend, names.run_id)
     recorded = recorded_ids(intent) if intent is not None else {}
-    return replace(names, ids={**recorded, RUN_DIR: names.ids[RUN_DIR]}
-                   if RUN_DIR in names.ids else recorded)
+    return replace(names, ids={**recorded, RUN_DIR: names.ids[RUN_DIR]})
 
 
 def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,

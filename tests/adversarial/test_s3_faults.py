@@ -109,7 +109,10 @@ def assert_stall_reported(proc: subprocess.Popen[str], frozen_at: float) -> str:
         proc.communicate()
         pytest.fail(f"the run was still going {BOUND_S + 60} s after the server froze")
     elapsed = time.monotonic() - frozen_at
-    lines = [line for line in err.splitlines() if line.strip() and not BANNER.match(line)]
+    # A cleanup that could not reach the server says its uploads may be left and keeps the
+    # run's intent for --clean-debris (issue 29, family 7): that note, then the error.
+    lines = [line for line in err.splitlines() if line.strip() and not BANNER.match(line)
+             and not ("unfinished upload(s)" in line and "--clean-debris" in line)]
     assert proc.returncode == 1, err[-3000:]
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert lines[0].startswith("ckptbench: error: rank "), lines[0]
@@ -147,9 +150,20 @@ def test_cleanup_aborts_the_uploads_a_dead_rank_left(minio_server: MinioServer,
 def test_frozen_server_ends_the_run_in_bounded_time(server: MinioServer, tmp_path: Path
                                                     ) -> None:
     """The server never comes back while ckptbench runs: the ranks stall, the run and its
-    cleanup (which cannot reach the server) still end in bounded time."""
+    cleanup (which cannot reach the server) still end in bounded time, and the run's
+    intent stays so that --clean-debris finds its uploads once the server is back."""
     proc, frozen_at = freeze_mid_save(server, tmp_path, "frozen")
     assert_stall_reported(proc, frozen_at)
+    assert server.proc is not None and server.bucket
+    os.killpg(server.proc.pid, signal.SIGCONT)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptbench", "run", str(tmp_path / "freeze.toml"), "--target",
+         f"s3://{server.bucket}/frozen", "--endpoint-url", server.endpoint, "--scale", "8",
+         "--clean-debris", "--results", str(tmp_path / "c.jsonl")],
+        capture_output=True, text=True, cwd=tmp_path, env=env(server.env()), timeout=300)
+    assert r.returncode == 0 and "removed what 1 interrupted run" in r.stderr, r.stderr
+    assert pending_uploads(server, server.bucket) == []
+    assert [k for k in server.list_keys(server.bucket, "frozen/") if "/run-" in k] == []
 
 
 def test_server_back_during_cleanup_leaves_no_upload(server: MinioServer, tmp_path: Path
