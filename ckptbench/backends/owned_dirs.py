@@ -29,6 +29,13 @@ def identity_of(fd: int) -> Identity:
     return (st.st_dev, st.st_ino)
 
 
+def _same(found: Identity, recorded: Identity) -> bool:
+    """The directory found is the one recorded: same inode, and same device unless the
+    record's device is unknown (-1: recorded on another host, where a network file
+    system's device number differs; its inode numbers do not)."""
+    return found[1] == recorded[1] and (recorded[0] < 0 or found[0] == recorded[0])
+
+
 def make_dir(path: Path) -> Identity:
     """Create directory `path` exclusively, in its parent opened without following a link
     (its parents made first when missing); its identity. NameTaken when the name exists
@@ -90,7 +97,7 @@ def remove_recorded(root: Path, chain: Sequence[tuple[str, Identity | None]],
         fds.append(os.open(root, _DIR))
         for name, ident in chain:
             fds.append(os.open(name, _OWN, dir_fd=fds[-1]))
-            if ident is not None and identity_of(fds[-1]) != tuple(ident):
+            if ident is not None and not _same(identity_of(fds[-1]), ident):
                 return False
         here = fds[-1]
         for name in names:
@@ -100,7 +107,7 @@ def remove_recorded(root: Path, chain: Sequence[tuple[str, Identity | None]],
         with contextlib.suppress(OSError):  # still ours under that name, and empty
             last = os.open(chain[-1][0], _OWN, dir_fd=fds[-2])
             try:
-                same = identity_of(last) == identity_of(here)
+                same = identity_of(last) == identity_of(here)  # both found here
             finally:
                 os.close(last)
             if same:

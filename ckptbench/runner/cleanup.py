@@ -255,10 +255,15 @@ def recorded_ids(intent: dict[str, Any]) -> dict[str, Identity]:
 
 
 def names_of(intent: dict[str, Any]) -> RunNames:
+    """What a run recorded. Directories recorded on another host keep their inode only
+    (a network file system numbers its devices per client)."""
     manifest = intent.get("manifest")
+    ids = recorded_ids(intent)
+    if intent.get("host") != socket.gethostname():
+        ids = {k: (-1, ino) for k, (_dev, ino) in ids.items()}
     return RunNames(str(intent["run_id"]), tuple(intent["checkpoints"]), tuple(intent["files"]),
                     manifest if isinstance(manifest, str) and _safe(manifest) else "",
-                    recorded_ids(intent), intent.get("keep") is True)
+                    ids, intent.get("keep") is True)
 
 
 def _lease_expired(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
