@@ -33,6 +33,7 @@ the run stops with the finished iterations' records kept.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptbench.backends import Backend
@@ -403,10 +404,15 @@ def _check_present(backend: Backend, ckpt: str, manifest: dict[str, Any], files:
     """Before a manifest is committed: every object it names (and, `files`, every file)
     is there, so that a checkpoint whose files vanished (removed by another process) is
     never committed as if complete."""
+    if not backend.capabilities.restore:  # a backend that keeps nothing (null)
+        return
     keys = [f"{ckpt}/{k}" for k in manifest.get("objects", {})]
     if files:
         keys += [e.get("path", k) for k, e in manifest["files"].items()]
-    missing = next((k for k in dict.fromkeys(keys) if not backend.exists(k)), None)
+    unique = list(dict.fromkeys(keys))
+    with ThreadPoolExecutor(max(1, min(16, len(unique)))) as pool:  # a store: one request each
+        there = list(pool.map(backend.exists, unique))
+    missing = next((k for k, ok in zip(unique, there, strict=True) if not ok), None)
     if missing is not None:
         raise BackendError(f"{backend.target.rstrip('/')}/{missing}: written in this save but no "
                         "longer there (removed by another process?); the checkpoint is not "
