@@ -144,14 +144,25 @@ def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
     return left
 
 
-def keep_run(backend: Backend, names: RunNames, clean: bool) -> None:
+def keep_run(backend: Backend, names: RunNames, clean: bool) -> list[str]:
     """--keep: the checkpoints stay, except (after a failure or a stop) those without a
-    manifest; the intent goes, as at every end of a run: only debris carries one."""
-    if not clean:
-        for checkpoint in names.checkpoints:
-            if not backend.exists(f"{names.run_id}/{checkpoint}/{names.manifest}"):
-                remove_checkpoint(backend, names, checkpoint, uploads=True)
-    backend.remove_recorded(names.chain(), names.run_files, ())
+    manifest; the intent goes, as at every end of a run: only debris carries one (unless
+    uploads may be left). Returns what is left besides the kept checkpoints."""
+    if clean:
+        backend.remove_recorded(names.chain(), names.run_files, ())
+        return []
+    return remove_keeping(backend, names)
+
+
+def remove_keeping(backend: Backend, names: RunNames) -> list[str]:
+    """remove_run (unfinished uploads aborted), but the committed checkpoints of a --keep
+    run stay (those with a manifest); what is left besides them."""
+    kept = ([c for c in names.checkpoints
+             if backend.exists(f"{names.run_id}/{c}/{names.manifest}")]
+            if names.keep and names.manifest else [])
+    gone = replace(names, checkpoints=tuple(c for c in names.checkpoints if c not in kept))
+    return [n for n in remove_run(backend, gone, uploads=True)
+            if not any(n.startswith(f"{names.run_id}/{c}/") for c in kept)]
 
 
 # --- the claim and the intent ---
@@ -352,14 +363,7 @@ def find_debris(backend: Backend) -> Debris | None:
 def clean_debris(backend: Backend, debris: Debris) -> Debris:
     """Remove the debris by the names each run recorded (a --keep run's committed
     checkpoints stay, as its own end would have left them); say what is left."""
-    left: list[str] = []
-    for names in debris.runs:
-        kept = ([c for c in names.checkpoints
-                 if backend.exists(f"{names.run_id}/{c}/{names.manifest}")]
-                if names.keep and names.manifest else [])
-        gone = replace(names, checkpoints=tuple(c for c in names.checkpoints if c not in kept))
-        left += [n for n in remove_run(backend, gone, uploads=True)
-                 if not any(n.startswith(f"{names.run_id}/{c}/") for c in kept)]
+    left = [n for names in debris.runs for n in remove_keeping(backend, names)]
     return replace(debris, removed=True, left=left[:SHOWN])
 
 

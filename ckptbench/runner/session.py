@@ -267,10 +267,9 @@ def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | Non
     try:
         names = _created(backend, names)
         if req.options.keep:
-            keep_run(backend, names, clean)
-            return
-        # A clean end: each iteration removed its checkpoint (the driver), by the same names.
-        left = remove_run(backend, names, uploads=not clean, checkpoints=not clean)
+            left = keep_run(backend, names, clean)
+        else:  # a clean end: each iteration removed its checkpoint (the driver), by name
+            left = remove_run(backend, names, uploads=not clean, checkpoints=not clean)
     except (CkptbenchError, OSError) as exc:
         notice(f"cleaning up {where} failed: {describe_error(exc)[1]}; a later run reports "
                "what is left and removes it with --clean-debris")
