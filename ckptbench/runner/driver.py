@@ -144,12 +144,25 @@ class Iterations:
     def claim(self, it: int) -> None:
         """Collective: process 0 creates the checkpoint's directory, exclusively (never
         one that exists); RunFailed everywhere when it cannot."""
-        decision = None
+        decision: dict[str, Any] | None = None
         if self.comm.rank == 0:
-            decision, self.made = _claim(self.backend, self.made, self.checkpoint(it),
-                                         self.plan.checkpoint_name(it), it, self.sink,
-                                         self.recorded)
+            try:
+                self.create(self.plan.checkpoint_name(it))
+                decision = {"ok": True}
+            except Exception as exc:
+                kind, message = describe_error(exc)
+                if self.sink:
+                    self.sink.write(ErrorRecord(it, "save", kind, message))
+                decision = {"ok": False, "kind": kind, "message": message}
         _agree(self.comm, decision)
+
+    def create(self, name: str) -> None:
+        """Process 0: the run's directory `name`, created exclusively and recorded in the
+        intent before anything is written in it (a cleanup deletes only in those)."""
+        ident = self.backend.create_dir(f"{self.options.run_id}/{name}")
+        self.made = self.made.made(name, ident)
+        if ident is not None and self.recorded:
+            record_dir(self.backend, self.made)
 
     def commit(self, it: int, gathered: list[PhaseReport], sink: RecordSink | None
                ) -> dict[str, Any]:
@@ -230,24 +243,6 @@ def _agree(comm: Comm, decision: dict[str, Any] | None) -> None:
     decision = comm.bcast(decision)
     if decision is not None and not decision["ok"]:
         raise RunFailed(decision["message"], decision["kind"])
-
-
-def _claim(backend: Backend, names: RunNames, ckpt: str, name: str, it: int,
-           sink: RecordSink | None, record: bool) -> tuple[dict[str, Any], RunNames]:
-    """Create the checkpoint's directory exclusively and record it in the run's intent
-    before anything is written in it (a cleanup deletes only in directories recorded so);
-    on failure record why."""
-    try:
-        ident = backend.create_dir(ckpt)
-        names = names.made(name, ident)
-        if ident is not None and record:
-            record_dir(backend, names)
-    except Exception as exc:
-        kind, message = describe_error(exc)
-        if sink:
-            sink.write(ErrorRecord(it, "save", kind, message))
-        return {"ok": False, "kind": kind, "message": message}, names
-    return {"ok": True}, names
 
 
 def _moved(progress: Callable[[int], None] | None, watch: StallWatch | None

@@ -50,7 +50,7 @@ def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, l
     progress, fmt.progress = fmt.progress, _quiet
     try:
         if root:
-            run.backend.create_dir(where)
+            run.create(fill_in_dir(run.plan, it))  # recorded: its cleanup deletes only there
         results = fmt.save(jobs)
         err = first_error(results)
     except BaseException as exc:
