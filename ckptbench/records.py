@@ -4,12 +4,15 @@ Record types (``type``):
 
 * ``run``: once, first: schema, run id, workload, options, environment.
 * ``op``: one I/O call: iteration, phase (save/restore), rank, thread, op
-  (open/write/fsync/close/read/manifest/commit; formats add write_meta, encode,
+  (open/write/fsync/close/read/manifest/commit, the coordinator's gather and
+  coordinator; formats add write_meta, encode,
   write_shard, read_shard, dcp_save, dcp_load with stored_bytes), file, bytes,
   start_ns, end_ns.
 * ``clock``: under MPI, each node's clock offset to rank 0 (before and after the run).
 * ``rank``: one rank's phase: bytes, start_ns, end_ns and seconds spent per op kind.
-* ``phase``: what the coordinator saw: commit time, cache-avoidance method, verified.
+* ``phase``: what the coordinator saw: commit time, cache-avoidance method, verified,
+  and ``parts``: the phase's seconds by name (save: data, gather, coordinator, metadata,
+  commit; restore: metadata, data), adding up to the phase's span.
 * ``error``: an iteration that failed, and why.
 * ``summary``: added by the report step (statistics are not this module's business).
 * ``--mode async`` adds ``loop`` (a process's training loop: state, staging, copy
@@ -152,18 +155,24 @@ class RankRecord:
 
 @dataclass(slots=True)
 class SavePhaseRecord:
-    """What the coordinator saw of a save: the commit and whether it succeeded."""
+    """What the coordinator saw of a save: the commit, whether it succeeded, and the
+    phase's seconds in named parts (runner.parts: data, gather, coordinator, metadata,
+    commit; a committed save only)."""
 
     iteration: int
     ok: bool
     checkpoint: str
     processes: int
     commit_ns: list[int] | None
+    parts: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "phase", "iteration": self.iteration, "phase": "save", "ok": self.ok,
-                "checkpoint": self.checkpoint, "processes": self.processes,
-                "commit_ns": self.commit_ns}
+        out = {"type": "phase", "iteration": self.iteration, "phase": "save", "ok": self.ok,
+               "checkpoint": self.checkpoint, "processes": self.processes,
+               "commit_ns": self.commit_ns}
+        if self.parts is not None:
+            out["parts"] = self.parts
+        return out
 
 
 @dataclass(slots=True)
@@ -177,9 +186,9 @@ class RestorePhaseRecord:
     mismatched_chunks: int
     restore_shift: int
     # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, restore_layout,
-    # amplification, planned_read_bytes; as measured: read_bytes, parts (name -> seconds of
-    # the slowest load that names them: torch-dcp's metadata/planning/data/sync),
-    # file_readers_max/median (fan-in), ...
+    # amplification, planned_read_bytes; as measured: read_bytes, parts (name -> seconds:
+    # torch-dcp's metadata/planning/data/sync of its slowest load, else runner.parts'
+    # metadata, data), file_readers_max/median (fan-in), ...
     extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

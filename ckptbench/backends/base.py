@@ -180,8 +180,10 @@ class Backend(ABC):
         return None
 
     @abstractmethod
-    def put_atomic(self, key: str, data: bytes) -> None:
-        """Write a small object so that readers see all of it or nothing (the manifest)."""
+    def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
+        """Write a small object so that readers see all of it or nothing (the manifest).
+        Where a rename commits the bytes written, the clock reading (perf_counter_ns)
+        when the rename began; None where one request writes and commits (a PUT)."""
 
     @abstractmethod
     def get(self, key: str) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -244,25 +245,27 @@ class FsspecBackend(Backend):
     def open_read(self, key: str) -> ReadHandle:
         return _FsspecReader(self, key)
 
-    def put_atomic(self, key: str, data: bytes) -> None:
+    def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
         path = self._path(key)
         self._mkdirs(path)
         with self.calls(f"put {key}"):
             if self.flat or not self.local:
                 # One PUT (object stores) or one store assignment (memory): all or nothing.
                 self.fs.pipe_file(path, bytes(data))
-                return
+                return None
             tmp = atomic_tmp(path)
             try:
                 with self.fs.open(tmp, "wb") as f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.f.fileno())
+                renamed = time.perf_counter_ns()
                 self.fs.mv(tmp, path)
             except BaseException:
                 with contextlib.suppress(Exception):
                     self.fs.rm_file(tmp)
                 raise
+            return renamed
 
     def get(self, key: str) -> bytes:
         with self.calls(f"get {key}"):

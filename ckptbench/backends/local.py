@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,7 +309,7 @@ class LocalBackend(Backend):
             raise os_error(path, exc) from None
         return apply_striping(path, FileSystem.of(path).fs_type, stripe_size, stripe_count)
 
-    def put_atomic(self, key: str, data: bytes) -> None:
+    def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
         path = self._path(key)
         tmp = path.with_name(atomic_tmp(path.name))
         try:
@@ -321,12 +322,14 @@ class LocalBackend(Backend):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            renamed = time.perf_counter_ns()
             os.rename(tmp, path)
             _fsync_dir(path.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise os_error(path, exc) from None
+        return renamed
 
     def get(self, key: str) -> bytes:
         path = self._path(key)

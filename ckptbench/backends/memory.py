@@ -134,7 +134,7 @@ class MemoryBackend(Backend):
         except KeyError:
             raise BackendError(f"{self.target}/{key}: not found") from None
 
-    def put_atomic(self, key: str, data: bytes) -> None:
+    def put_atomic(self, key: str, data: bytes | memoryview) -> None:
         self.store_object(key, bytes(data))
 
     def get(self, key: str) -> bytes:

@@ -8,7 +8,8 @@ the comparisons print it next to every result.
 Restores are refused before a run starts (``--no-restore`` is required): nothing was kept,
 and serving made-up bytes would fail verification by design. Small objects written whole
 (the manifest, with ``put_atomic``) are kept in this process, so the commit protocol runs
-as on any store; under MPI on several nodes the runner's shared-target probe cannot see
+as on any store: their first MiB (a manifest's JSON line; the rest, padding to the size of
+DCP's ``.metadata``, is counted and dropped like any write); under MPI on several nodes the runner's shared-target probe cannot see
 them, so use one node.
 """
 
@@ -21,6 +22,8 @@ from typing import Any, ClassVar
 from ckptbench.backends.base import Backend, Capabilities, ReadHandle, WriteHandle
 from ckptbench.backends.options import BackendOptions, IOHints
 from ckptbench.errors import BackendError
+
+KEPT = 1 << 20  # bytes of a small object kept (a manifest's JSON line)
 
 
 class _Counter(WriteHandle):
@@ -76,8 +79,8 @@ class NullBackend(Backend):
         raise BackendError(f"{self.target}: read {key}: the null backend keeps nothing to read; "
                            "allowed: --no-restore")
 
-    def put_atomic(self, key: str, data: bytes) -> None:
-        self._small[key] = bytes(data)
+    def put_atomic(self, key: str, data: bytes | memoryview) -> None:
+        self._small[key] = bytes(data[:KEPT])
 
     def get(self, key: str) -> bytes:
         try:

@@ -93,6 +93,7 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "latency": lat,
             **stored_stats(rs, seconds),
             **restore_stats(phase_rec, manifest.get(key, [])),
+            **({"parts": phase_rec["parts"]} if isinstance(phase_rec.get("parts"), dict) else {}),
         })
     return out
 
@@ -179,8 +180,19 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **{k: sel[0][k] for k in (*RESTORE_FIELDS, "manifest_bytes") if k in sel[0]},
             **({"manifest_s": statistics.median(i["manifest_s"] for i in sel)}
                if "manifest_s" in sel[0] else {}),
+            **parts_summary(sel),
         })
     return out
+
+
+def parts_summary(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median seconds of each named part of a phase (runner.parts) over the iterations
+    that recorded them; nothing for results written before parts were recorded."""
+    with_parts = [i["parts"] for i in sel if "parts" in i]
+    if not with_parts:
+        return {}
+    names = list(dict.fromkeys(k for p in with_parts for k in p))
+    return {"parts": {k: statistics.median(p.get(k, 0.0) for p in with_parts) for k in names}}
 
 
 # What the report shows of summary and error records (summarize() writes them all), and

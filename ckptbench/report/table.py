@@ -204,6 +204,41 @@ def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     return Grid("restore plan", tuple(cols), tuple(rows), notes)
 
 
+PART_NOTES = {
+    "data": "the ranks' writes or reads (first rank's start to last rank's end)",
+    "gather": "the ranks' reports reaching the coordinator",
+    "coordinator": "its CPU: the manifest built and encoded",
+    "metadata": "the manifest written (save) or read (restore, the slowest reader)",
+    "commit": "the rename that commits it (0: one PUT writes and commits)",
+}
+
+
+def parts_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
+    """Each phase's median seconds by named part and their share of the phase (None when
+    no run recorded parts)."""
+    several = len(loaded) > 1
+    names = list(dict.fromkeys(k for res in loaded for s in res["summary"]
+                               for k in s.get("parts", {})))
+    rows = []
+    for name, res in zip(_run_names(loaded), loaded, strict=True):
+        for s in res["summary"]:
+            parts = s.get("parts")
+            if not parts:
+                continue
+            total = sum(parts.values()) or 1.0
+            cells = [f"{parts[k]:.3f} ({100 * parts[k] / total:.0f}%)" if k in parts else "-"
+                     for k in names]
+            rows.append(((name,) if several else ()) + (s["phase"], *cells))
+    if not rows:
+        return None
+    cols = ([Column("run", key=True, numeric=False)] if several else []) + [
+        Column("phase", key=True, numeric=False), *(Column(f"{k} s", "med") for k in names)]
+    notes = ("Where each phase's seconds went (they add up to the phase's seconds; the share "
+             "in brackets): " + "; ".join(f"{k}: {PART_NOTES[k]}" for k in names
+                                          if k in PART_NOTES) + ".",)
+    return Grid("the phases in parts", tuple(cols), tuple(rows), notes)
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -291,7 +326,8 @@ def render_summary(console: Console, loaded: Sequence[dict[str, Any]], width: in
     table when a run recorded stored bytes, and the asynchronous checkpoints' table for
     --mode async runs."""
     render(console, summary_grid(loaded), width)
-    for extra in (restore_plan_grid(loaded), storage_grid(loaded), async_grid(loaded)):
+    for extra in (restore_plan_grid(loaded), parts_grid(loaded), storage_grid(loaded),
+                  async_grid(loaded)):
         if extra is not None:
             render(console, extra, width)
 

@@ -49,10 +49,9 @@ from ckptbench.formats.base import (
     now,
 )
 from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
-from ckptbench.formats.manifest import encode_manifest
+from ckptbench.formats.manifest import CommitTimes, ManifestWriter, manifest_bytes
 from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
-from ckptbench.plan.metadata import dcp_metadata_bytes
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
 from ckptbench.records import (
     ErrorRecord,
@@ -65,6 +64,7 @@ from ckptbench.runner.cleanup import RunNames, record_dir, remove_checkpoint, ru
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.parts import coordinator_ops, restore_parts, save_parts
 from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
 from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
@@ -95,8 +95,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
         it = step.iteration
         if step.save and not restore_only:
             run.claim(it)
-            _save(plan, run.jobs(it), run.fmt, run.watched, backend, comm, run.made,
-                  plan.checkpoint_name(it), it, options, sink)
+            run.save(it)
         if step.read:
             run.restore(it)
 
@@ -129,6 +128,10 @@ class Iterations:
                                                    self.rplan.world_size, options.restore_shift)
             self.fill = fill_ins_of(self.rplan, all_ranks)
         self.restore_only = bool(options.checkpoint)  # a kept checkpoint, restored again
+        self.writer: ManifestWriter | None = None
+        if comm.rank == 0 and not self.restore_only:  # the padding made off the clock
+            self.writer = ManifestWriter(manifest_bytes(plan, options.format))
+            self.writer.prepare()
 
     def checkpoint(self, it: int) -> str:
         return self.options.checkpoint or f"{self.options.run_id}/{self.plan.checkpoint_name(it)}"
@@ -168,8 +171,26 @@ class Iterations:
                ) -> dict[str, Any]:
         """Process 0: the manifest of iteration `it` committed atomically (or the partial
         checkpoint removed), its records to `sink`; the decision."""
-        return _commit(self.plan, self.backend, self.made, self.plan.checkpoint_name(it), it,
-                       self.options, gathered, sink)
+        assert self.writer is not None
+        return _commit(self, self.plan.checkpoint_name(it), it, gathered, sink)
+
+    def save(self, it: int) -> None:
+        """Collective: the save phase of iteration `it`: the format writes, process 0
+        commits the manifest or removes the partial checkpoint; RunFailed on every process
+        when any failed."""
+        comm, jobs = self.comm, self.jobs(it)
+        try:
+            with self.watched.watching(f"the save of {self.plan.checkpoint_name(it)}"):
+                results = self.fmt.save(jobs)
+            err = first_error(results)
+        except BaseException as exc:
+            results, err = [], exc
+        gathered = comm.gather(phase_report(results, jobs, comm, err, self.backend.stats()))
+        decision: dict[str, Any] = {"ok": True}
+        if comm.rank == 0:
+            assert gathered is not None
+            decision = self.commit(it, gathered, self.sink)
+        _agree(comm, decision)
 
     def restore(self, it: int) -> None:
         """Collective, once iteration `it`'s checkpoint is committed: evict it from caches,
@@ -317,38 +338,23 @@ def _fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
             "files_read": len(counts)}
 
 
-def _save(plan: Plan, jobs: list[FileJob], fmt: Any, watched: StallWatch, backend: Backend,
-          comm: Comm, names: RunNames, name: str, it: int, options: RunOptions,
-          sink: RecordSink | None) -> None:
-    """The save phase: the format writes, process 0 commits the manifest or removes the
-    partial checkpoint; raises RunFailed on every process when any failed."""
-    try:
-        with watched.watching(f"the save of {plan.checkpoint_name(it)}"):
-            results = fmt.save(jobs)
-        err = first_error(results)
-    except BaseException as exc:
-        results, err = [], exc
-    gathered = comm.gather(phase_report(results, jobs, comm, err, backend.stats()))
-    decision: dict[str, Any] = {"ok": True}
-    if comm.rank == 0:
-        assert gathered is not None
-        decision = _commit(plan, backend, names, name, it, options, gathered, sink)
-    _agree(comm, decision)
-
-
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
     return next((r.error for r in gathered if r.error), None)
 
 
-def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
-            options: RunOptions, gathered: list[PhaseReport],
+def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
             sink: RecordSink | None) -> dict[str, Any]:
+    """Process 0: the manifest of `name` built, encoded and committed (or the partial
+    checkpoint removed); the save's records, its parts timed (runner.parts)."""
+    plan, options, backend = run.plan, run.options, run.backend
+    assert run.writer is not None
     ckpt = f"{options.run_id}/{name}"
     manifest_key = f"{ckpt}/{plan.manifest}"
     records = phase_records(plan, it, "save", gathered)
     failure = _fail(gathered)
-    commit: tuple[int, int] | None = None
+    times: CommitTimes | None = None
     if failure is None:
+        built = now()
         digests: dict[int, list[int]] = {}
         objects: dict[str, int] = {}
         for report in gathered:
@@ -370,23 +376,19 @@ def _commit(plan: Plan, backend: Backend, names: RunNames, name: str, it: int,
         }
         if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
             manifest["objects"] = dict(sorted(objects.items()))
-        # As big as DCP's .metadata for the whole plan, whatever part of it ran.
-        pad = dcp_metadata_bytes(plan) if options.format == "raw" else 0
-        data = encode_manifest(manifest, pad)
         try:
             _check_present(backend, ckpt, manifest, options.format == "raw")
-            t0 = now()
-            backend.put_atomic(manifest_key, data)
-            commit = (t0, now())
+            times = run.writer.commit(backend, manifest_key, manifest)
         except BaseException as exc:
             failure = describe_error(exc)
-    if commit:
-        records.append(OpRecord(it, "save", 0, -1, "commit", manifest_key.rsplit("/", 1)[-1], 0,
-                                commit[0], commit[1]))
+    parts: dict[str, float] | None = None
+    if times:
+        records += coordinator_ops(it, records, built, times, manifest_key.rsplit("/", 1)[-1])
+        parts = save_parts(records, built, times)
     records.append(SavePhaseRecord(it, failure is None, ckpt, len(gathered),
-                                   [commit[0], commit[1]] if commit else None))
+                                   [times.encoded, times.end] if times else None, parts))
     if failure is not None:
-        remove_checkpoint(backend, names, name, uploads=True)
+        remove_checkpoint(backend, run.made, name, uploads=True)
         records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))
     if sink:
         sink.write_all(records)
@@ -425,6 +427,8 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
                                     process=proc))
     mismatches = [m for r in gathered for m in r.mismatches]
     failure = _fail(gathered)
+    measured = _measured(gathered)
+    parts = restore_parts(records) if failure is None and not mismatches else {}
     if failure is None and mismatches:
         failure = ("verification", mismatches[0] + (f" (and {len(mismatches) - 1} more chunks)"
                                                     if len(mismatches) > 1 else ""))
@@ -432,7 +436,8 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     records.append(RestorePhaseRecord(
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
         failure is None and options.verify, len(mismatches), options.restore_shift,
-        extra={**(facts or {}), **_measured(gathered), **_fan_in(gathered)}))
+        extra={**(facts or {}), **measured, **_fan_in(gathered),
+               **({"parts": parts} if parts and "parts" not in measured else {})}))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:

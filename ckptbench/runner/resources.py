@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ckptbench.errors import SpecError
 from ckptbench.formats import format_class
+from ckptbench.formats.manifest import manifest_bytes
 from ckptbench.runner.async_mode import check_async, loop_memory_bytes
 from ckptbench.runner.options import RunRequest
 from ckptbench.units import format_size
@@ -74,10 +75,12 @@ def host_needs(req: RunRequest, topo: Topology) -> dict[str, tuple[int, int, int
     fmt = format_class(req.options.format)
     opts = req.options.format_options()
     needs: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for group, host in zip(topo.groups, topo.hosts, strict=True):
+    for proc, (group, host) in enumerate(zip(topo.groups, topo.hosts, strict=True)):
         need = needs[host]
         need[0] += (fmt.memory_bytes(req.plan, group, opts, req.backend.alignment)
                     + req.backend.buffer_bytes())
+        if proc == 0:  # the coordinator's manifest buffer (formats.manifest.ManifestWriter)
+            need[0] += manifest_bytes(req.plan, req.options.format)
         need[1] += max(1, req.options.threads) * len(group)
         need[2] += len(group)
     return {h: (n[0], n[1], n[2]) for h, n in needs.items()}

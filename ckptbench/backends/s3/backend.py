@@ -219,7 +219,7 @@ class S3Backend(Backend):
         if self.options.transport not in MODULES:
             boto_readahead(self).warm()
 
-    def put_atomic(self, key: str, data: bytes) -> None:
+    def put_atomic(self, key: str, data: bytes | memoryview) -> None:
         # One PUT: readers see the whole object or none of it.
         with self.calls(f"put {key}"):
             self._client().put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
