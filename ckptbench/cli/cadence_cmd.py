@@ -378,7 +378,8 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
                 f" {p.median_node_s:.3g} s, slowest of {nodes:,} nodes {p.slowest_node_s:.3g} s")
         if p.ceiling_s is not None:
             line += f", ceiling {p.ceiling_s:.3g} s" + (" (binding)" if p.capped else "")
-        line += f" + metadata {p.metadata_s:.3g} s"
+        line += "".join(f" + {k} {v:.3g} s" for k, v in p.parts.items()) if p.parts else \
+            f" + metadata {p.metadata_s:.3g} s"
         if p.phase == "restore":
             line += f" + restart {job.restart_overhead_s:.3g} s = {job.restore_s:.3g} s"
         else:

@@ -337,14 +337,21 @@ def manifest_files(plan: Plan, checkpoint: str, digests: dict[int, list[int]],
     """The manifest's "files": one entry per file, or per rank's region of a shared file
     (named key#rank, with the path, the offset and the whole file's size)."""
     layout = layout or plan_layout(plan)
+    names = [k.name for k in plan.keys]
     out: dict[str, Any] = {}
     for f, d in sorted(digests.items()):
         path, rank = plan.file_paths[f], int(plan.file_rank[f])
         key = f"{checkpoint}/{path}"
+        span = plan.chunks_of_file(f)
+        nbytes = plan.chunk_nbytes[span.start:span.stop]
+        kept = nbytes > 0  # the file's non-empty chunks, from the plan's columns at once
         entry: dict[str, Any] = {
             "rank": rank,
             "size": int(plan.file_bytes[f]),
-            "chunks": [[c.key, c.file_offset, c.nbytes] for c in plan.iter_chunks(f) if c.nbytes],
+            "chunks": [[names[k], o, n] for k, o, n in zip(
+                plan.chunk_key[span.start:span.stop][kept].tolist(),
+                plan.chunk_file_offset[span.start:span.stop][kept].tolist(),
+                nbytes[kept].tolist(), strict=True)],
             "digests": d,
         }
         if layout.is_shared(path):

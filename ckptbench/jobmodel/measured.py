@@ -7,7 +7,10 @@ A *node sample* is one host in one successful iteration of a phase: the bytes it
 moved and the span from its first rank's start to its last rank's end (a node is done
 when its slowest rank is). The manifest and commit (save) or the manifest read
 (restore) lie outside that span: they are the phase's metadata time, kept apart
-because the job pays them once, not per node.
+because the job pays them once, not per node (a restoring rank that reads the manifest
+itself starts its span after that read). Runs that recorded the phases' named parts
+(runner.parts: gather, coordinator, metadata, commit) keep them, so the model charges
+each part as what it is.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,7 @@ class PhaseMeasurement:
     cache: str | None  # restore: how the cache was avoided
     headline: str = ""  # the phase's throughput as every command prints it (report.throughput)
     throughput_bytes_per_s: float | None = None  # its value: median over iterations
+    parts: Mapping[str, float] = field(default_factory=dict)  # median s per named part
 
     @property
     def node_throughputs(self) -> list[float]:
@@ -152,9 +156,12 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
           if r.get("type") == "phase" and r.get("phase") == phase and r.get("ok")}
     nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     extra: dict[int, list[int]] = defaultdict(list)  # manifest/commit op times
+    parts: list[dict[str, float]] = []
     for r in records:
         if r.get("phase") != phase or r.get("iteration") not in ok:
             continue
+        if r.get("type") == "phase" and isinstance(r.get("parts"), dict):
+            parts.append(r["parts"])
         if r.get("type") == "rank":
             nodes[(r["iteration"], str(r.get("host", "?")))].append(r)
         elif r.get("type") == "op" and r.get("op") in ("manifest", "commit"):
@@ -164,12 +171,12 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
     samples, rank_rates = [], []
     spans: dict[int, list[int]] = defaultdict(list)
     for (iteration, host), ranks in sorted(nodes.items()):
-        start, end = min(r["start_ns"] for r in ranks), max(r["end_ns"] for r in ranks)
+        start, end = min(_data_start(r) for r in ranks), max(r["end_ns"] for r in ranks)
         spans[iteration] += [start, end]
         nbytes = sum(r["bytes"] for r in ranks)
         if nbytes > 0:
             samples.append(NodeSample(iteration, host, len(ranks), nbytes, max(end - start, 1) / 1e9))
-        rank_rates += [r["bytes"] / max(r["end_ns"] - r["start_ns"], 1) * 1e9 for r in ranks]
+        rank_rates += [r["bytes"] / max(r["end_ns"] - _data_start(r), 1) * 1e9 for r in ranks]
     meta = []
     for iteration, data in spans.items():
         whole = data + extra.get(iteration, [])
@@ -181,7 +188,16 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
         metadata_s=statistics.median(meta),
         rank_throughput=(min(rank_rates), statistics.median(rank_rates), max(rank_rates)),
         cache=None if cache is None else (cache if isinstance(cache, str) else ",".join(cache)),
+        parts={k: statistics.median(p.get(k, 0.0) for p in parts)
+               for k in dict.fromkeys(k for p in parts for k in p)},
     )
+
+
+def _data_start(rank: dict[str, Any]) -> int:
+    """When a rank's data began: its start, or after its own manifest read (a restoring
+    rank of the DCP restore plan reads the manifest first; that read is metadata)."""
+    manifest = rank.get("manifest_s")
+    return int(rank["start_ns"] + (manifest * 1e9 if isinstance(manifest, int | float) else 0))
 
 
 def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--results"

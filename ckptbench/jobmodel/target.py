@@ -43,6 +43,7 @@ class Target:
     # The job restarting: its restore plan's nodes and bytes (None: as saved)
     restore: Target | None = None
     restore_layout: str | None = None  # the layout it restarts on, when a plan gave it
+    chunks: int | None = None  # the plan's saved chunks (DCP's .metadata entries), when known
 
     @property
     def for_restore(self) -> Target:
@@ -116,7 +117,7 @@ def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
         t = uniform(name, plan.total_bytes, gpus, ranks_per_node, ceiling, file_bytes)
         return Target(**{**t.__dict__, "workload_path": workload_path,
                          "placement": f"uniform: --gpus {gpus} is not the plan's world size"
-                                      f" {plan.world_size}"})
+                                      f" {plan.world_size}", "chunks": plan.n_chunks})
     ranks_per_node = _check(plan.world_size, ranks_per_node)
     restore = None if restore_plan is None else Target(
         name, restore_plan.world_size, min(ranks_per_node, restore_plan.world_size),
@@ -128,7 +129,8 @@ def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
     return Target(name, plan.world_size, ranks_per_node, float(plan.total_bytes),
                   _node_groups(plan.rank_bytes(), ranks_per_node), file_bytes, ceiling,
                   workload_path, placement="from the plan: consecutive ranks on a node",
-                  restore=restore, restore_layout=None if restore is None else restore.restore_layout)
+                  restore=restore, restore_layout=None if restore is None else restore.restore_layout,
+                  chunks=plan.n_chunks)
 
 
 def _node_groups(rank_bytes: np.ndarray, ranks_per_node: int) -> tuple[tuple[float, int], ...]:

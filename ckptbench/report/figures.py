@@ -38,7 +38,9 @@ PHASE_COLOR = {"save": "tab:blue", "restore": "tab:green"}
 OP_COLOR = {"open": "tab:orange", "write": "tab:blue", "read": "tab:green", "fsync": "tab:red",
             "close": "tab:purple", "commit": "black", "manifest": "dimgray",
             "write_shard": "tab:blue", "read_shard": "tab:green", "encode": "tab:olive",
-            "write_meta": "tab:cyan", "dcp_save": "tab:blue", "dcp_load": "tab:green"}
+            "write_meta": "tab:cyan", "dcp_save": "tab:blue", "dcp_load": "tab:green",
+            "coordinator": "tab:brown", "gather": "lightgray"}
+LABELLED = ("gather", "coordinator", "commit", "manifest")  # named in the coordinator's lane
 BINS = 400
 
 
@@ -101,6 +103,7 @@ def timeline(run: RunData) -> Figure:
         color = OP_COLOR.get(name, "tab:gray")
         ax.add_collection(PolyCollection(list(verts), facecolors=color, edgecolors=color, linewidths=0.6))
         handles.append(Patch(color=color, label=name))
+    _label_coordinator(ax, ops)
     ends: dict[tuple[int, str], list[tuple[float, int]]] = {}
     for rec in run.ranks:
         ends.setdefault((rec["iteration"], rec["phase"]), []).append(
@@ -121,6 +124,20 @@ def timeline(run: RunData) -> Figure:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run.label}: every call per rank and thread", loc="left", pad=14)
     return fig
+
+
+def _label_coordinator(ax: Any, ops: OpTable) -> None:
+    """Name the coordinator's parts wide enough to hold a label (its gather, the manifest's
+    build and encoding, the commit, the manifest read) on its lane, with their seconds."""
+    span = max(float(ops.end.max()) if len(ops) else 0.0, 1e-9)
+    for code, name in enumerate(ops.names):
+        if name not in LABELLED:
+            continue
+        m = (ops.op == code) & (ops.thread < 0)
+        for s, e in zip(ops.start[m].tolist(), ops.end[m].tolist(), strict=True):
+            if e - s >= 0.04 * span:
+                ax.text((s + e) / 2, -1.0, f"{name} {e - s:.2f} s", ha="center", va="center",
+                        fontsize=7, color="white" if name != "gather" else "black", clip_on=True)
 
 
 def bytes_per_bin(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray,
@@ -298,7 +315,9 @@ def run_pictures(run: RunData) -> list[Picture]:
     slow = ", ".join(f"{p}: rank {r}" for p, r in slowest.items())
     return [
         Picture("timeline", "per-rank timeline", "Every call of every rank (threads as "
-                "sub-lanes) and the coordinator's commit and manifest read, on one clock. A stall "
+                "sub-lanes) and the coordinator's parts (the ranks' reports gathered, the "
+                "manifest built and encoded on its CPU, the commit; the manifest read) on one "
+                "clock, the long ones named with their seconds. A stall "
                 "is a long bar or a gap; | marks each rank's end, red the last rank of each "
                 "phase (S1 = save of iteration 1, R1 = its restore).", png(timeline(run))),
         Picture("throughput", "data calls' GB/s over time", "Bytes of the data calls spread "
