@@ -33,11 +33,15 @@ MAX_MANIFEST_BYTES = 16 << 30
 MAX_MANIFEST_JSON_BYTES = 2 << 30
 
 
-def _body(manifest: dict[str, Any], size: int) -> bytes:
+def _body(manifest: dict[str, Any], size: int, files: list[bytes] | None = None) -> bytes:
     """The manifest's JSON with ``size`` last: the total, at least `size` bytes (JSON and
-    newline included); one ``json.dumps`` whatever the size's digits."""
+    newline included); one ``json.dumps`` whatever the size's digits. `files`: "files"
+    already encoded, as JSON members (``"key": {...}``) in pieces (each process's)."""
     head = json.dumps({k: v for k, v in manifest.items() if k != "size"}).encode()
-    lead = head[:-1] + (b", " if len(head) > 2 else b"") + b'"size": '
+    fields = [head[1:-1]] if len(head) > 2 else []
+    if files is not None:
+        fields.append(b'"files": {' + b", ".join(f for f in files if f) + b"}")
+    lead = b"{" + b", ".join([*fields, b'"size": '])
     total = 0
     for _ in range(3):  # the total's digits change the body's length at most twice
         want = max(size, len(lead) + len(str(total)) + 2)
@@ -47,14 +51,22 @@ def _body(manifest: dict[str, Any], size: int) -> bytes:
     return lead + str(total).encode() + b"}"
 
 
+def encode_members(members: dict[str, Any]) -> bytes:
+    """An object's members as JSON without the braces (a piece of :func:`_body`'s files)."""
+    return json.dumps(members).encode()[1:-1]
+
+
 def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
     """The manifest's bytes: JSON, a newline, padding; at least `size` bytes in all. The
     JSON's ``size`` field is the total."""
     body = _body(manifest, size)
-    total = max(size, len(body) + 1)
-    pad = np.zeros(total - len(body) - 1, dtype=np.uint8)
-    _fill(pad, len(body) + 1)
-    return body + b"\n" + pad.tobytes()
+    return body + b"\n" + _padding(len(body) + 1, max(size, len(body) + 1))
+
+
+def _padding(start: int, end: int) -> bytes:
+    pad = np.zeros(end - start, dtype=np.uint8)
+    _fill(pad, start)
+    return pad.tobytes()
 
 
 def manifest_bytes(plan: Plan, fmt: str) -> int:
@@ -99,22 +111,25 @@ class ManifestWriter:
                 _fill(self._buf, 0)
                 self._head = 0
 
-    def commit(self, backend: Backend, key: str, manifest: dict[str, Any]) -> CommitTimes:
-        """Encode `manifest` and put it atomically at `key`; the clock readings of each
-        part (the backend's error propagates)."""
+    def commit(self, backend: Backend, key: str, manifest: dict[str, Any],
+               files: list[bytes] | None = None) -> CommitTimes:
+        """Encode `manifest` (with `files`, its "files" encoded in pieces, when given) and
+        put it atomically at `key`; the clock readings of each part (the backend's error
+        propagates)."""
         with self._lock:
             t0 = time.perf_counter_ns()
-            data = self._encode(manifest)
+            data = self._encode(manifest, files)
             t1 = time.perf_counter_ns()
             renamed = backend.put_atomic(key, data)
             t2 = time.perf_counter_ns()
         return CommitTimes(t0, t1, renamed if renamed is not None else t2, t2)
 
-    def _encode(self, manifest: dict[str, Any]) -> bytes | memoryview:
-        body = _body(manifest, self.size)
+    def _encode(self, manifest: dict[str, Any], files: list[bytes] | None
+                ) -> bytes | memoryview:
+        body = _body(manifest, self.size, files)
         total = max(self.size, len(body) + 1)
         if total > len(self._buf):  # JSON past the padding's size (or no padding)
-            return encode_manifest(manifest, self.size)
+            return body + b"\n" + _padding(len(body) + 1, total)
         if self._head > len(body) + 1:  # a longer JSON before: its tail back to padding
             _fill(self._buf[len(body) + 1:self._head], len(body) + 1)
         self._buf[:len(body)] = np.frombuffer(body, dtype=np.uint8)

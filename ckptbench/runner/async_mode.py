@@ -56,7 +56,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.options import RunOptions
-from ckptbench.runner.phase_report import PhaseReport, phase_report
+from ckptbench.runner.phase_report import PhaseReport
 from ckptbench.runner.staging import (
     FullSnapshot,
     PiecewiseSnapshot,
@@ -302,7 +302,7 @@ class AsyncLoop:
                 err = exc
             finally:
                 snapshot.stop()  # wake the loop if it still waits for staging
-            report = phase_report(results, jobs, self.comm, err, self.backend.stats())
+            report = self.driver.report(it, results, jobs, err)
             with self.lock:
                 self.outbox.append((it, report))
 

@@ -43,13 +43,19 @@ from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
     FileJob,
     Format,
+    ThreadResult,
     file_jobs,
     first_error,
     manifest_files,
     now,
 )
 from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
-from ckptbench.formats.manifest import CommitTimes, ManifestWriter, manifest_bytes
+from ckptbench.formats.manifest import (
+    CommitTimes,
+    ManifestWriter,
+    encode_members,
+    manifest_bytes,
+)
 from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
@@ -174,6 +180,16 @@ class Iterations:
         assert self.writer is not None
         return _commit(self, self.plan.checkpoint_name(it), it, gathered, sink)
 
+    def report(self, it: int, results: list[ThreadResult], jobs: list[FileJob],
+               err: BaseException | None) -> PhaseReport:
+        """This process's report of a save, with its files' manifest entries encoded
+        here (in parallel on every process: the coordinator only joins them)."""
+        report = phase_report(results, jobs, self.comm, err, self.backend.stats())
+        if err is None:
+            ckpt = f"{self.options.run_id}/{self.plan.checkpoint_name(it)}"
+            report.entries = encode_members(manifest_files(self.plan, ckpt, report.digests))
+        return report
+
     def save(self, it: int) -> None:
         """Collective: the save phase of iteration `it`: the format writes, process 0
         commits the manifest or removes the partial checkpoint; RunFailed on every process
@@ -185,7 +201,7 @@ class Iterations:
             err = first_error(results)
         except BaseException as exc:
             results, err = [], exc
-        gathered = comm.gather(phase_report(results, jobs, comm, err, self.backend.stats()))
+        gathered = comm.gather(self.report(it, results, jobs, err))
         decision: dict[str, Any] = {"ok": True}
         if comm.rank == 0:
             assert gathered is not None
@@ -354,6 +370,11 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
     failure = _fail(gathered)
     times: CommitTimes | None = None
     if failure is None:
+        try:  # storage, before the coordinator's part (in the gather's)
+            _check_present(backend, ckpt, gathered, plan if options.format == "raw" else None)
+        except BaseException as exc:
+            failure = describe_error(exc)
+    if failure is None:
         built = now()
         digests: dict[int, list[int]] = {}
         objects: dict[str, int] = {}
@@ -372,13 +393,15 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
             "workload_spec": plan.workload.to_dict(),
             # the ranks that wrote: every file of each has an entry (restore checks it)
             "ranks": sorted({int(plan.file_rank[f]) for f in digests}),
-            "files": manifest_files(plan, ckpt, digests),
         }
         if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
             manifest["objects"] = dict(sorted(objects.items()))
+        pieces = [r.entries for r in gathered if r.entries is not None]
+        if len(pieces) < len(gathered):  # reports without entries: built here
+            manifest["files"] = manifest_files(plan, ckpt, digests)
         try:
-            _check_present(backend, ckpt, manifest, options.format == "raw")
-            times = run.writer.commit(backend, manifest_key, manifest)
+            times = run.writer.commit(backend, manifest_key, manifest,
+                                      pieces if len(pieces) == len(gathered) else None)
         except BaseException as exc:
             failure = describe_error(exc)
     parts: dict[str, float] | None = None
@@ -397,15 +420,16 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
     return {"ok": True}
 
 
-def _check_present(backend: Backend, ckpt: str, manifest: dict[str, Any], files: bool) -> None:
-    """Before a manifest is committed: every object it names (and, `files`, every file)
-    is there, so that a checkpoint whose files vanished (removed by another process) is
-    never committed as if complete."""
+def _check_present(backend: Backend, ckpt: str, gathered: list[PhaseReport],
+                   files_of: Plan | None) -> None:
+    """Before a manifest is committed: every object it names (and, with a plan, every file
+    written) is there, so that a checkpoint whose files vanished (removed by another
+    process) is never committed as if complete."""
     if not backend.capabilities.restore:  # a backend that keeps nothing (null)
         return
-    keys = [f"{ckpt}/{k}" for k in manifest.get("objects", {})]
-    if files:
-        keys += [e.get("path", k) for k, e in manifest["files"].items()]
+    keys = [f"{ckpt}/{k}" for r in gathered for k in (r.objects or {})]
+    if files_of is not None:
+        keys += [f"{ckpt}/{files_of.file_paths[f]}" for r in gathered for f in r.digests]
     unique = list(dict.fromkeys(keys))
     with ThreadPoolExecutor(max(1, min(16, len(unique)))) as pool:  # a store: one request each
         there = list(pool.map(backend.exists, unique))

@@ -40,6 +40,7 @@ class PhaseReport:
     backend_stats: dict[str, int]
     manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
     objects: dict[str, int] | None = None  # metadata objects written and their digests
+    entries: bytes | None = None  # a save's manifest entries of this process's files, encoded
 
 
 def phase_report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
