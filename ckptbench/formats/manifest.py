@@ -33,22 +33,34 @@ MAX_MANIFEST_BYTES = 16 << 30
 MAX_MANIFEST_JSON_BYTES = 2 << 30
 
 
-def _body(manifest: dict[str, Any], size: int, files: list[bytes] | None = None) -> bytes:
-    """The manifest's JSON with ``size`` last: the total, at least `size` bytes (JSON and
-    newline included); one ``json.dumps`` whatever the size's digits. `files`: "files"
-    already encoded, as JSON members (``"key": {...}``) in pieces (each process's)."""
+def _pieces(manifest: dict[str, Any], size: int, files: list[bytes] | None = None
+            ) -> list[bytes]:
+    """The manifest's JSON line (newline included) in pieces, with ``size`` last: the
+    total, at least `size` bytes; one ``json.dumps`` whatever the size's digits. `files`:
+    "files" already encoded, as JSON members (``"key": {...}``) in pieces (each
+    process's), kept apart so that they are copied once, into the writer's buffer."""
     head = json.dumps({k: v for k, v in manifest.items() if k != "size"}).encode()
-    fields = [head[1:-1]] if len(head) > 2 else []
+    out = [b"{", head[1:-1]] if len(head) > 2 else [b"{"]
     if files is not None:
-        fields.append(b'"files": {' + b", ".join(f for f in files if f) + b"}")
-    lead = b"{" + b", ".join([*fields, b'"size": '])
+        members = [f for f in files if f]
+        out += [b", " if len(out) > 1 else b"", b'"files": {']
+        for i, f in enumerate(members):
+            out += [b", ", f] if i else [f]
+        out.append(b"}")
+    out.append(b', "size": ' if len(out) > 1 else b'"size": ')
+    lead = sum(len(x) for x in out)
     total = 0
-    for _ in range(3):  # the total's digits change the body's length at most twice
-        want = max(size, len(lead) + len(str(total)) + 2)
+    for _ in range(3):  # the total's digits change the line's length at most twice
+        want = max(size, lead + len(str(total)) + 2)
         if want == total:
             break
         total = want
-    return lead + str(total).encode() + b"}"
+    return [*out, str(total).encode(), b"}\n"]
+
+
+def _body(manifest: dict[str, Any], size: int, files: list[bytes] | None = None) -> bytes:
+    """The manifest's JSON (:func:`_pieces`, joined, without the newline)."""
+    return b"".join(_pieces(manifest, size, files))[:-1]
 
 
 def encode_members(members: dict[str, Any]) -> bytes:
@@ -126,16 +138,19 @@ class ManifestWriter:
 
     def _encode(self, manifest: dict[str, Any], files: list[bytes] | None
                 ) -> bytes | memoryview:
-        body = _body(manifest, self.size, files)
-        total = max(self.size, len(body) + 1)
+        pieces = _pieces(manifest, self.size, files)
+        line = sum(len(x) for x in pieces)
+        total = max(self.size, line)
         if total > len(self._buf):  # JSON past the padding's size (or no padding)
-            return body + b"\n" + _padding(len(body) + 1, total)
-        if self._head > len(body) + 1:  # a longer JSON before: its tail back to padding
-            _fill(self._buf[len(body) + 1:self._head], len(body) + 1)
-        self._buf[:len(body)] = np.frombuffer(body, dtype=np.uint8)
-        self._buf[len(body)] = ord("\n")
-        self._head = len(body) + 1
-        return memoryview(self._buf.data)[:total]
+            return b"".join(pieces) + _padding(line, total)
+        if self._head > line:  # a longer JSON before: its tail back to padding
+            _fill(self._buf[line:self._head], line)
+        view, at = memoryview(self._buf.data), 0
+        for x in pieces:  # one copy of each piece, into the buffer
+            view[at:at + len(x)] = x
+            at += len(x)
+        self._head = line
+        return view[:total]
 
 
 @dataclass(frozen=True)
