@@ -135,9 +135,10 @@ def _label_coordinator(ax: Any, ops: OpTable) -> None:
             continue
         m = (ops.op == code) & (ops.thread < 0)
         for s, e in zip(ops.start[m].tolist(), ops.end[m].tolist(), strict=True):
-            if e - s >= 0.04 * span:
-                ax.text((s + e) / 2, -1.0, f"{name} {e - s:.2f} s", ha="center", va="center",
-                        fontsize=7, color="white" if name != "gather" else "black", clip_on=True)
+            label = f"{name} {e - s:.2f} s"
+            if e - s >= 0.0075 * len(label) * span:  # wide enough for the label's characters
+                ax.text((s + e) / 2, -1.0, label, ha="center", va="center", fontsize=7,
+                        color="white" if name != "gather" else "black", clip_on=True)
 
 
 def bytes_per_bin(start: np.ndarray, end: np.ndarray, nbytes: np.ndarray,
