@@ -19,7 +19,14 @@ from ckptbench import __version__
 from ckptbench.report import compare
 from ckptbench.report.data import RunData
 from ckptbench.report.figures import Drawn, Picture
-from ckptbench.report.table import Grid, async_grid, restore_plan_grid, storage_grid, summary_grid
+from ckptbench.report.table import (
+    Grid,
+    async_grid,
+    parts_grid,
+    restore_plan_grid,
+    storage_grid,
+    summary_grid,
+)
 from ckptbench.units import format_size
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -108,7 +115,8 @@ def render_html(drawn: Drawn) -> str:
     runs = drawn.runs
     views: list[dict[str, Any]] = [r.view for r in runs]
     tables = grid_html(summary_grid(views))
-    for extra in (restore_plan_grid(views), storage_grid(views), async_grid(views)):
+    for extra in (restore_plan_grid(views), parts_grid(views), storage_grid(views),
+                  async_grid(views)):
         if extra is not None:
             tables += grid_html(extra)
     several = len(runs) > 1

@@ -15,7 +15,8 @@ from ckptbench.measure import build_request, measure
 from ckptbench.records import read_records
 from ckptbench.report import view
 from ckptbench.report.data import RunData, op_table
-from ckptbench.report.figures import timeline
+from ckptbench.report.figures import Drawn, timeline
+from ckptbench.report.html import render_html
 from ckptbench.report.table import parts_grid
 from ckptbench.runner.parts import RESTORE_PARTS, SAVE_PARTS
 
@@ -89,6 +90,8 @@ def test_the_parts_table(tiny_run) -> None:
     assert save[0] == "save" and restore[0] == "restore"
     assert restore[2:4] == ("-", "-")  # no gather or coordinator on a restore
     assert "coordinator: its CPU" in grid.notes[0]
+    run = RunData("x.jsonl", "t", view(records, "x"), op_table(records), ())
+    assert "the phases in parts" in render_html(Drawn((run,), ((),), None))
     old = [r for r in records if r["type"] != "summary"]
     for r in old:
         r.pop("parts", None)
