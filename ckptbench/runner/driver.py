@@ -5,8 +5,11 @@ the sink, decides together with the others whether an iteration failed, and clea
 
 claim     process 0 creates the checkpoint's directory, exclusively (one that exists is
           someone else's: the run stops, never writes into it)
-save      the format writes (behind a barrier: the clock starts there) -> gather digests
-          and timed ops to process 0 -> process 0 commits the manifest atomically
+save      the format writes (behind a barrier: the clock starts there) -> each process
+          encodes its files' manifest entries -> gather them, the digests and timed ops
+          to process 0 -> process 0 joins the entries and commits the manifest
+          atomically (its padding made once, before the first save; runner.parts times
+          each part)
 fill-in   a --ranks subset restoring by the DCP plan: process 0 writes the chunks its
           restoring ranks read from files the subset did not write, off the clock
           (runner.fill_in; removed once the restore is done)
@@ -376,10 +379,8 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
             failure = describe_error(exc)
     if failure is None:
         built = now()
-        digests: dict[int, list[int]] = {}
         objects: dict[str, int] = {}
         for report in gathered:
-            digests.update(report.digests)
             objects.update(report.objects or {})
         manifest = {
             "schema": MANIFEST_SCHEMA,
@@ -398,6 +399,7 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
             manifest["objects"] = dict(sorted(objects.items()))
         pieces = [r.entries for r in gathered if r.entries is not None]
         if len(pieces) < len(gathered):  # reports without entries: built here
+            digests = {f: d for r in gathered for f, d in r.digests.items()}
             manifest["files"] = manifest_files(plan, ckpt, digests)
         try:
             times = run.writer.commit(backend, manifest_key, manifest,
@@ -451,8 +453,9 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
                                     process=proc))
     mismatches = [m for r in gathered for m in r.mismatches]
     failure = _fail(gathered)
-    measured = _measured(gathered)
-    parts = restore_parts(records) if failure is None and not mismatches else {}
+    measured = _measured(gathered)  # a format's own parts (torch-dcp's load) are kept
+    parts = (restore_parts(records) if failure is None and not mismatches
+             and "parts" not in measured else {})
     if failure is None and mismatches:
         failure = ("verification", mismatches[0] + (f" (and {len(mismatches) - 1} more chunks)"
                                                     if len(mismatches) > 1 else ""))
@@ -461,7 +464,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
         failure is None and options.verify, len(mismatches), options.restore_shift,
         extra={**(facts or {}), **measured, **_fan_in(gathered),
-               **({"parts": parts} if parts and "parts" not in measured else {})}))
+               **({"parts": parts} if parts else {})}))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:
