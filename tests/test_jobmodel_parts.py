@@ -106,3 +106,18 @@ def test_the_dcp_cost_model_states_its_source() -> None:
         assert model.seconds(2_000_000) > model.seconds(1_000_000) > 0
     assert DCP_SAVE_CACHED.seconds(2_813_937) < DCP_SAVE_COORDINATOR.seconds(2_813_937)
     assert CostModel(-5.0, 1e-6, "x", "y").seconds(10) == 0.0
+
+
+def test_a_formats_own_restore_parts_are_not_charged_twice(tmp_path) -> None:
+    """torch-dcp's load parts (metadata, planning, data, sync) lie inside its ranks' spans,
+    so in the per-node rate already: the restore pays only what lies outside them."""
+    recs = with_parts(synthetic.records(bytes_per_rank=10**9, save_s=[4.0] * 5,
+                                        restore_s=[2.0] * 5, save_meta_s=4.76,
+                                        restore_meta_s=0.5))
+    for r in recs:
+        if r.get("type") == "phase" and r["phase"] == "restore":
+            r["parts"] = {"metadata": 0.4, "planning": 0.3, "data": 1.0, "sync": 0.3}
+    m = jobmodel.read_results(synthetic.write(tmp_path / "r.jsonl", recs))
+    e = estimate(m, jobmodel.uniform("t", 10**9 * 8 * 100, 800, 8))
+    assert e.restore is not None and e.restore.parts == {"metadata": pytest.approx(0.5)}
+    assert e.save.parts == SAVE_PARTS

@@ -61,11 +61,16 @@ class PhaseEstimate:
         return self.ceiling_s is not None and self.ceiling_s > self.slowest_node_s
 
 
+SAVE_ONCE = ("gather", "coordinator", "metadata", "commit")  # runner.parts, outside the spans
+
+
 def once_parts(p: PhaseMeasurement, t: Target) -> dict[str, float]:
     """The parts a job pays once: the save's coordinator part is DCP's (at the target's
     chunk count, when the target has a plan), its gather is in DCP's figure; the storage
-    parts as measured. A run without parts: its metadata time, lumped."""
-    if not p.parts:
+    parts as measured. A run without parts, or whose parts lie inside its ranks' spans (a
+    format's own, e.g. torch-dcp's load: metadata, planning, data, sync; already in the
+    per-node rate): the metadata time outside those spans, as measured."""
+    if not p.parts or set(p.parts) - {"data", *SAVE_ONCE}:
         return {"metadata": p.metadata_s}
     out = {k: v for k, v in p.parts.items() if k != "data"}
     if p.phase == "save" and t.chunks:
