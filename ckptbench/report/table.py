@@ -218,12 +218,14 @@ def parts_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     no run recorded parts)."""
     several = len(loaded) > 1
     names = list(dict.fromkeys(k for res in loaded for s in res["summary"]
-                               for k in s.get("parts", {})))
+                               if isinstance(s.get("parts"), dict) for k in s["parts"]))
     rows = []
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         for s in res["summary"]:
-            parts = s.get("parts")
-            if not parts:
+            given = s.get("parts")
+            parts = {k: float(v) for k, v in given.items() if isinstance(v, int | float)
+                     and not isinstance(v, bool)} if isinstance(given, dict) else {}
+            if not parts:  # none recorded (or none a number: a results file altered)
                 continue
             total = sum(parts.values()) or 1.0
             cells = [f"{parts[k]:.3f} ({100 * parts[k] / total:.0f}%)" if k in parts else "-"

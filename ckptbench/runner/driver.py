@@ -393,7 +393,7 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
             "codec": options.codec,
             "workload_spec": plan.workload.to_dict(),
             # the ranks that wrote: every file of each has an entry (restore checks it)
-            "ranks": sorted({int(plan.file_rank[f]) for f in digests}),
+            "ranks": sorted({int(plan.file_rank[f]) for r in gathered for f in r.digests}),
         }
         if objects:  # metadata objects a reader needs (zarr.json, DCP's .metadata)
             manifest["objects"] = dict(sorted(objects.items()))

@@ -96,6 +96,8 @@ def test_the_parts_table(tiny_run) -> None:
     for r in old:
         r.pop("parts", None)
     assert parts_grid([view(old, "x")]) is None  # results from before parts: no table
+    altered = [{**r, "parts": {"data": "1 s"}} if r["type"] == "summary" else r for r in records]
+    assert parts_grid([view(altered, "x")]) is None  # not numbers: not shown, no traceback
 
 
 def test_the_manifest_holds_every_file_the_processes_encoded(tiny_run) -> None:
