@@ -36,11 +36,10 @@ the run stops with the finished iterations' records kept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptbench.backends import Backend
-from ckptbench.errors import BackendError, RunFailed, describe_error
+from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     MANIFEST_SCHEMA,
@@ -74,7 +73,14 @@ from ckptbench.runner.comm import Comm
 from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.parts import coordinator_ops, restore_parts, save_parts
-from ckptbench.runner.phase_report import PhaseReport, phase_records, phase_report
+from ckptbench.runner.phase_report import (
+    PhaseReport,
+    check_present,
+    fan_in,
+    measured_facts,
+    phase_records,
+    phase_report,
+)
 from ckptbench.runner.sequence import steps
 from ckptbench.runner.stall import StallWatch, WatchedGroup
 
@@ -331,32 +337,6 @@ def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
     }
 
 
-def _measured(gathered: list[PhaseReport]) -> dict[str, Any]:
-    """The payload bytes the restore's ops read, and the named parts (seconds) of the
-    longest op that names them (DCP's load: metadata, planning, data, sync)."""
-    ops = [rop.op for report in gathered for rop in report.ops]
-    out: dict[str, Any] = {"read_bytes": sum(o.nbytes for o in ops)}
-    parted = [o for o in ops if o.extra and "parts" in o.extra]
-    if parted:
-        slowest = max(parted, key=lambda o: o.end_ns - o.start_ns)
-        out["parts"] = dict(slowest.extra["parts"])  # type: ignore[index]
-    return out
-
-
-def _fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
-    """Distinct ranks that read each file, as measured (reads of payload bytes)."""
-    readers: dict[int, set[int]] = {}
-    for report in gathered:
-        for rop in report.ops:
-            if rop.op.op == "read" and rop.op.nbytes:
-                readers.setdefault(rop.op.file, set()).add(rop.rank)
-    counts = sorted(len(v) for v in readers.values())
-    if not counts:
-        return {}
-    return {"file_readers_max": counts[-1], "file_readers_median": counts[len(counts) // 2],
-            "files_read": len(counts)}
-
-
 def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
     return next((r.error for r in gathered if r.error), None)
 
@@ -374,7 +354,7 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
     times: CommitTimes | None = None
     if failure is None:
         try:  # storage, before the coordinator's part (in the gather's)
-            _check_present(backend, ckpt, gathered, plan if options.format == "raw" else None)
+            check_present(backend, ckpt, gathered, plan if options.format == "raw" else None)
         except BaseException as exc:
             failure = describe_error(exc)
     if failure is None:
@@ -422,26 +402,6 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
     return {"ok": True}
 
 
-def _check_present(backend: Backend, ckpt: str, gathered: list[PhaseReport],
-                   files_of: Plan | None) -> None:
-    """Before a manifest is committed: every object it names (and, with a plan, every file
-    written) is there, so that a checkpoint whose files vanished (removed by another
-    process) is never committed as if complete."""
-    if not backend.capabilities.restore:  # a backend that keeps nothing (null)
-        return
-    keys = [f"{ckpt}/{k}" for r in gathered for k in (r.objects or {})]
-    if files_of is not None:
-        keys += [f"{ckpt}/{files_of.file_paths[f]}" for r in gathered for f in r.digests]
-    unique = list(dict.fromkeys(keys))
-    with ThreadPoolExecutor(max(1, min(16, len(unique)))) as pool:  # a store: one request each
-        there = list(pool.map(backend.exists, unique))
-    missing = next((k for k, ok in zip(unique, there, strict=True) if not ok), None)
-    if missing is not None:
-        raise BackendError(f"{backend.target.rstrip('/')}/{missing}: written in this save but no "
-                        "longer there (removed by another process?); the checkpoint is not "
-                        "committed")
-
-
 def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],
                     options: RunOptions, sink: RecordSink | None,
                     facts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -453,7 +413,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
                                     process=proc))
     mismatches = [m for r in gathered for m in r.mismatches]
     failure = _fail(gathered)
-    measured = _measured(gathered)  # a format's own parts (torch-dcp's load) are kept
+    measured = measured_facts(gathered)  # a format's own parts (torch-dcp's load) are kept
     parts = (restore_parts(records) if failure is None and not mismatches
              and "parts" not in measured else {})
     if failure is None and mismatches:
@@ -463,7 +423,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
     records.append(RestorePhaseRecord(
         it, failure is None, unique_methods[0] if len(unique_methods) == 1 else unique_methods,
         failure is None and options.verify, len(mismatches), options.restore_shift,
-        extra={**(facts or {}), **measured, **_fan_in(gathered),
+        extra={**(facts or {}), **measured, **fan_in(gathered),
                **({"parts": parts} if parts else {})}))
     if failure is not None:
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))

@@ -8,9 +8,12 @@ the sync iteration loop (runner.driver) and the background persists (runner.asyn
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
-from ckptbench.errors import describe_error
+from ckptbench.backends import Backend
+from ckptbench.errors import BackendError, describe_error
 from ckptbench.formats.base import FileJob, ThreadResult, TimedOp
 from ckptbench.plan import Plan
 from ckptbench.records import OpRecord, RankRecord, Record
@@ -85,3 +88,49 @@ def phase_records(plan: Plan, iteration: int, phase: str,
             per_rank[ranks_of_proc[0]].backend = report.backend_stats
     out += [per_rank[r] for r in sorted(per_rank)]
     return out
+
+
+def measured_facts(gathered: list[PhaseReport]) -> dict[str, Any]:
+    """The payload bytes the restore's ops read, and the named parts (seconds) of the
+    longest op that names them (DCP's load: metadata, planning, data, sync)."""
+    ops = [rop.op for report in gathered for rop in report.ops]
+    out: dict[str, Any] = {"read_bytes": sum(o.nbytes for o in ops)}
+    parted = [o for o in ops if o.extra and "parts" in o.extra]
+    if parted:
+        slowest = max(parted, key=lambda o: o.end_ns - o.start_ns)
+        out["parts"] = dict(slowest.extra["parts"])  # type: ignore[index]
+    return out
+
+
+def fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:
+    """Distinct ranks that read each file, as measured (reads of payload bytes)."""
+    readers: dict[int, set[int]] = {}
+    for report in gathered:
+        for rop in report.ops:
+            if rop.op.op == "read" and rop.op.nbytes:
+                readers.setdefault(rop.op.file, set()).add(rop.rank)
+    counts = sorted(len(v) for v in readers.values())
+    if not counts:
+        return {}
+    return {"file_readers_max": counts[-1], "file_readers_median": counts[len(counts) // 2],
+            "files_read": len(counts)}
+
+
+def check_present(backend: Backend, ckpt: str, gathered: list[PhaseReport],
+                   files_of: Plan | None) -> None:
+    """Before a manifest is committed: every object it names (and, with a plan, every file
+    written) is there, so that a checkpoint whose files vanished (removed by another
+    process) is never committed as if complete."""
+    if not backend.capabilities.restore:  # a backend that keeps nothing (null)
+        return
+    keys = [f"{ckpt}/{k}" for r in gathered for k in (r.objects or {})]
+    if files_of is not None:
+        keys += [f"{ckpt}/{files_of.file_paths[f]}" for r in gathered for f in r.digests]
+    unique = list(dict.fromkeys(keys))
+    with ThreadPoolExecutor(max(1, min(16, len(unique)))) as pool:  # a store: one request each
+        there = list(pool.map(backend.exists, unique))
+    missing = next((k for k, ok in zip(unique, there, strict=True) if not ok), None)
+    if missing is not None:
+        raise BackendError(f"{backend.target.rstrip('/')}/{missing}: written in this save but no "
+                        "longer there (removed by another process?); the checkpoint is not "
+                        "committed")
