@@ -206,7 +206,7 @@ def restore_plan_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
 
 PART_NOTES = {
     "data": "the ranks' writes or reads (first rank's start to last rank's end)",
-    "gather": "the ranks' reports reaching the coordinator",
+    "gather": "the ranks' reports reaching the coordinator, its check that the files are there",
     "coordinator": "its CPU: the manifest built and encoded",
     "metadata": "the manifest written (save) or read (restore, the slowest reader)",
     "commit": "the rename that commits it (0: one PUT writes and commits)",

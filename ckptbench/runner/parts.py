@@ -1,7 +1,8 @@
 """A phase's seconds in named parts, so that C and R say where their time went.
 
 save      data (the first rank's start to the last rank's end: the format's writes),
-          gather (the ranks' reports reaching process 0, up to the manifest's build),
+          gather (the ranks' reports reaching process 0, and its check that every
+          file written is still there, up to the manifest's build),
           coordinator (process 0's CPU: the manifest built and encoded), metadata (the
           manifest's bytes written to storage), commit (the rename that makes them the
           checkpoint; 0 where one request writes and commits, as an object store's PUT)
