@@ -31,7 +31,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from ckptbench.errors import CkptbenchError
 from ckptbench.report.data import PHASES, OpTable, RunData
-from ckptbench.report.loop_figures import loop_figure
+from ckptbench.report.loop_figures import has_loop, loop_figure
 
 DPI = 100
 WIDTH_IN = 11.0
@@ -378,7 +378,7 @@ def plot_paths(runs: Sequence[RunData], directory: str | Path) -> list[Path]:
     <results stem>-<figure>.png for each run with op records, compare.png for several."""
     out = Path(directory)
     paths = [out / f"{stem}-{name}.png" for stem, r in zip(_stems(runs), runs, strict=True)
-             if len(r.ops) for name in RUN_FIGURES]
+             if len(r.ops) for name in RUN_FIGURES + (("loop",) if has_loop(r) else ())]
     return paths + ([out / "compare.png"] if len(runs) > 1 else [])
 
 

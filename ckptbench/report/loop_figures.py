@@ -33,6 +33,11 @@ def _lanes(ax: Axes, lanes: list[LoopLane]) -> None:
                 ax.text(d, y - 0.45, "failed", color=BLOCKING, fontsize=7)
 
 
+def has_loop(run: RunData) -> bool:
+    """Whether `run` is a --mode async run with a loop to draw (its ``loop`` figure)."""
+    return any(r.get("type") == "steps" and r.get("loop") == "async" for r in run.loop)
+
+
 def loop_figure(run: RunData) -> Figure | None:
     """The loop's figure, or None for a run that is not asynchronous."""
     lanes, baseline = loop_lanes(run.loop)
