@@ -35,7 +35,7 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 118
        padding: 0 1em; color: #1b1b1b; background: #fff; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
 .fit { max-width: 100%; }
-caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
+caption { text-align: left; font-weight: 600; padding: 0.3em 0; white-space: nowrap; }
 table { border-collapse: collapse; margin: 0.8em 0; font-variant-numeric: tabular-nums;
         font-size: 13px; max-width: 100%; }
 td.text { overflow-wrap: anywhere; }

@@ -51,16 +51,16 @@ def test_an_option_one_run_lacks_is_said_in_words() -> None:
 
 def test_the_page_fits_1280_px_in_chromium(mixed_runs: Runs, tmp_path: Path,
                                            chromium: str) -> None:  # noqa: F811
-    page = tmp_path / "r.html"
-    done = ckptbench("report", *map(str, mixed_runs.paths), "--html", str(page),
-                     "--failure-preset", "llama3")
-    assert done.returncode == 0, done.stderr
-    seen = visit(page, chromium, width=1280)
-    assert seen.errors == []
-    assert seen.layout["width"] == 1280
-    assert seen.layout["over"] == [], seen.layout["over"]  # nothing wider than its box
-    assert seen.layout["scrollWidth"] <= 1280
-    assert "<th class=\"num\">p99 ms" in page.read_text()  # every column still there
+    for name, extra in (("plain.html", ()), ("job.html", ("--failure-preset", "llama3"))):
+        page = tmp_path / name
+        done = ckptbench("report", *map(str, mixed_runs.paths), "--html", str(page), *extra)
+        assert done.returncode == 0, done.stderr
+        seen = visit(page, chromium, width=1280)
+        assert seen.errors == []
+        assert seen.layout["width"] == 1280
+        assert seen.layout["over"] == [], seen.layout["over"]  # nothing wider than its box
+        assert seen.layout["scrollWidth"] <= 1280
+        assert "<th class=\"num\">p99 ms" in page.read_text()  # every column still there
 
 
 def test_the_job_section_gives_the_cadence_answer(mixed_runs: Runs, tmp_path: Path) -> None:
