@@ -78,6 +78,7 @@ def job_answer(path: str | Path, preset: str, gpus: int | None = None,
     """The answer for the job `path`'s run was measured for (SpecError, one line, when
     the results cannot give one: no workload recorded, no restore, ...)."""
     from ckptbench.plan import build_plan
+    from ckptbench.plan.restore import restore_plan_of
 
     if preset not in FAILURE_PRESETS:
         raise SpecError(f"--failure-preset {preset!r} is not known; allowed: "
@@ -88,7 +89,9 @@ def job_answer(path: str | Path, preset: str, gpus: int | None = None,
                         "(written by an older ckptbench)")
     plan = build_plan(m.workload)
     n = gpus or plan.world_size
-    target = from_plan(plan, gpus_per_node, n)
+    # as `cadence`: R for the job restarting on its restore layout, read by its DCP plan
+    rplan = restore_plan_of(plan) if n == plan.world_size else None
+    target = from_plan(plan, gpus_per_node, n, restore_plan=rplan)
     job = estimate(m, target, restart_overhead_s=DEFAULT_RESTART_OVERHEAD_S,
                    restart_source=RESTART_OVERHEAD_SOURCE, force=True, source="results")
     assert job.restore_s is not None  # estimate refuses a run without restores
