@@ -37,12 +37,13 @@ def _register() -> None:
         levels_cmd,
         mlperf_cmd,
         plan_cmd,
+        report_cmd,
         restore_cmd,
         run_cmd,
         sweep_cmd,
     )
 
-    for module in (plan_cmd, run_cmd, restore_cmd, sweep_cmd, cadence_cmd, levels_cmd, mlperf_cmd,
+    for module in (plan_cmd, run_cmd, restore_cmd, report_cmd, sweep_cmd, cadence_cmd, levels_cmd, mlperf_cmd,
                    backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ckptbench import cadence
+from ckptbench.cadence.job import split_measured
 from ckptbench.errors import SpecError
 from ckptbench.jobmodel import AsyncMeasurement
 from ckptbench.units import format_bytes, parse_duration
@@ -29,20 +30,17 @@ def split_save(save_s: float, measured: AsyncMeasurement | None, blocking_second
     """--blocking-seconds splits the save time given or measured; else an async run's
     blocking time, scaled to the job's bytes per GPU, does (its save time is the
     persist's). --interference wins over the run's measured one (below 0: noise, 0)."""
-    persist_s = 0.0
+    blocking, persist_s, slowdown = split_measured(save_s, measured, bytes_per_gpu)
     if blocking_seconds:
         blocking = parse_duration(blocking_seconds, "--blocking-seconds", "s")
         if blocking > save_s:
             raise SpecError(f"--blocking-seconds must be <= the save time ({save_s:.3g} s)")
-        save_s, persist_s = blocking, save_s - blocking
-    elif measured is not None and bytes_per_gpu:
-        blocking = min(save_s, measured.blocking_for(bytes_per_gpu))
-        save_s, persist_s = blocking, save_s - blocking
+        persist_s = save_s - blocking
     if interference:
         slowdown = parse_ratio(interference, "--interference")
-    else:
-        slowdown = max(0.0, measured.interference or 0.0) if measured is not None else 0.0
-    return AsyncCost(save_s, persist_s, slowdown, measured)
+    elif measured is not None and not bytes_per_gpu:
+        slowdown = max(0.0, measured.interference or 0.0)
+    return AsyncCost(blocking, persist_s, slowdown, measured)
 
 
 def parse_ratio(text: str, option: str) -> float:

@@ -1,4 +1,4 @@
-"""`ckptbench run` and `ckptbench report`."""
+"""`ckptbench run`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from rich.progress import (
 from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.async_options import async_options, loop_options
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
-from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.fields import parse_ranks
@@ -32,7 +31,7 @@ from ckptbench.measure import measure
 from ckptbench.payload import MODES
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
-from ckptbench.report import load, table
+from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
@@ -266,57 +265,4 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         click.echo(f"results: {results_path}")
 
 
-@click.command("report")
-@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print summaries and per-iteration figures as JSON.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write a self-contained HTML report (figures inside) to this file.")
-@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write each figure as a PNG into this directory.")
-@click.option("--force", is_flag=True,
-              help="Replace a file or link at --html and the PNGs in --plots (never an input).")
-@width_options
-def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
-                   plots_dir: str | None, force: bool, wide: bool, width: int | None) -> None:
-    """Summarize one or more results files (several: side by side, labelled by the options
-    that differ); --html and --plots draw each run's timeline, throughput and latency."""
-    from ckptbench.report.data import load_runs
-
-    inputs = [Path(p) for p in results]
-    if html_path:  # refused before anything is read or drawn
-        check_output_path(Path(html_path), "--html", None, force, inputs)
-    draw = bool(html_path or plots_dir)
-    runs = load_runs(results) if draw else []  # the op columns only when drawing
-    loaded = [r.view for r in runs] if draw else [load(p) for p in results]
-    if draw:
-        from ckptbench.report import figures
-
-        for where, option in ((html_path and Path(html_path).parent, f"--html {html_path}:"),
-                              (plots_dir, "--plots")):
-            if where:
-                figures.output_dir(where, option)  # refused before minutes of drawing
-        for png in figures.plot_paths(runs, plots_dir) if plots_dir else ():
-            check_output_path(png, "--plots", ".png", force, inputs)
-    if as_json:
-        click.echo(json.dumps([{k: v for k, v in r.items() if k != "run"} for r in loaded], indent=2))
-    else:
-        w = table.output_width(wide, width)
-        table.render_summary(table.console_for(w), loaded, w)
-    if draw:
-        _draw(runs, html_path, plots_dir, force)
-
-
-def _draw(runs: Any, html_path: str | None, plots_dir: str | None, force: bool) -> None:
-    """report --html and --plots: the figures drawn once, each file created exclusively."""
-    from ckptbench.report import figures, html
-
-    drawn = figures.draw(runs)
-    if html_path:
-        write_bytes(Path(html_path), "--html", force, html.render_html(drawn).encode())
-        click.echo(f"html report: {html_path}", err=True)
-    for path, png in figures.plot_files(drawn, plots_dir) if plots_dir else ():
-        write_bytes(path, "--plots", force, png)
-        click.echo(f"plot: {path}", err=True)
-
-
-COMMANDS = [run_command, report_command]
+COMMANDS = [run_command]

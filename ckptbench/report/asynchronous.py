@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -169,3 +170,42 @@ def summarize_async(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         "durable_after_s": _spread(worst("durable_after_s")),
         "per_checkpoint": detail,
     }]
+
+
+@dataclass(frozen=True)
+class LoopLane:
+    """One process's checkpointing loop on the run's clock (seconds from the loop's first
+    step): each step's start and seconds, and each checkpoint's due time, when the loop
+    resumed (blocking = resumed - due) and when it was durable (persist: resumed to
+    durable; None: never)."""
+
+    process: int
+    step_start: tuple[float, ...]
+    step_s: tuple[float, ...]
+    due: tuple[float, ...]
+    resumed: tuple[float, ...]
+    durable: tuple[float | None, ...]
+    ok: tuple[bool, ...]
+
+
+def loop_lanes(records: Iterable[dict[str, Any]]) -> tuple[list[LoopLane], float | None]:
+    """The async loop of each process ([] for a sync run) and the baseline loop's mean
+    step (None without one), for the loop's figure."""
+    records = list(records)
+    steps = {r["process"]: r for r in records if r.get("type") == "steps" and r["loop"] == "async"}
+    if not steps:
+        return [], None
+    t0 = min(min(r["start_ns"], default=0) for r in steps.values())
+    lanes = []
+    for proc in sorted(steps):
+        cks = sorted((r for r in records if r.get("type") == "checkpoint"
+                      and r["process"] == proc), key=lambda r: r["iteration"])
+        lanes.append(LoopLane(
+            proc, tuple((ns - t0) / 1e9 for ns in steps[proc]["start_ns"]),
+            tuple(steps[proc]["seconds"]), tuple((c["start_ns"] - t0) / 1e9 for c in cks),
+            tuple((c["resume_ns"] - t0) / 1e9 for c in cks),
+            tuple(None if c["durable_ns"] is None else (c["durable_ns"] - t0) / 1e9 for c in cks),
+            tuple(bool(c["ok"]) for c in cks)))
+    baseline = [s for r in records if r.get("type") == "steps" and r["loop"] == "baseline"
+                for s in r["seconds"]]
+    return lanes, statistics.fmean(baseline) if baseline else None

@@ -16,6 +16,7 @@ from ckptbench.report import compare
 from ckptbench.report.summary import checked_view
 
 PHASES = ("save", "restore")
+LOOP_RECORDS = ("steps", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class RunData:
     view: dict[str, Any]
     ops: OpTable
     ranks: tuple[dict[str, Any], ...]  # the ``rank`` records
+    loop: tuple[dict[str, Any], ...] = ()  # --mode async: ``steps`` and ``checkpoint`` records
 
     @property
     def name(self) -> str:
@@ -91,5 +93,6 @@ def load_runs(paths: Sequence[str]) -> list[RunData]:
         loaded.append((p, records, checked_view(records, p)))
     labels = compare.labels([v["run"] for _, _, v in loaded])
     return [RunData(p, label, v, op_table(records),
-                    tuple(r for r in records if r.get("type") == "rank"))
+                    tuple(r for r in records if r.get("type") == "rank"),
+                    tuple(r for r in records if r.get("type") in LOOP_RECORDS))
             for (p, records, v), label in zip(loaded, labels, strict=True)]

@@ -31,6 +31,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from ckptbench.errors import CkptbenchError
 from ckptbench.report.data import PHASES, OpTable, RunData
+from ckptbench.report.loop_figures import has_loop, loop_figure
 
 DPI = 100
 WIDTH_IN = 11.0
@@ -333,7 +334,19 @@ def run_pictures(run: RunData) -> list[Picture]:
                 "fraction of calls at or below a duration.", png(latency(run))),
         Picture("iterations", "iteration spread", "The throughput of each iteration (bytes "
                 "over the phase's wall time); dashed: the median.", png(iteration_spread(run))),
+        *loop_pictures(run),
     ]
+
+
+def loop_pictures(run: RunData) -> list[Picture]:
+    """--mode async: the loop's steps, blocking and persist (report.loop_figures)."""
+    fig = loop_figure(run)
+    return [] if fig is None else [Picture(
+        "loop", "asynchronous loop", "Each process's training steps (blue), the time the "
+        "loop waited for each checkpoint (red: blocking, the snapshot and any wait for the "
+        "previous persist) and the persist behind the steps (orange, until durable); below, "
+        "each step's duration with the persists shaded and the baseline loop's mean step "
+        "dashed: steps that grow during a persist are its interference.", png(fig))]
 
 
 def compare_picture(runs: Sequence[RunData]) -> Picture:
@@ -385,7 +398,7 @@ def plot_paths(runs: Sequence[RunData], directory: str | Path) -> list[Path]:
     <results stem>-<figure>.png for each run with op records, compare.png for several."""
     out = Path(directory)
     paths = [out / f"{stem}-{name}.png" for stem, r in zip(_stems(runs), runs, strict=True)
-             if len(r.ops) for name in RUN_FIGURES]
+             if len(r.ops) for name in RUN_FIGURES + (("loop",) if has_loop(r) else ())]
     return paths + ([out / "compare.png"] if len(runs) > 1 else [])
 
 

@@ -24,6 +24,7 @@ from ckptbench.report.table import (
     async_grid,
     parts_grid,
     restore_plan_grid,
+    split,
     storage_grid,
     summary_grid,
 )
@@ -34,37 +35,51 @@ STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1180px;
        padding: 0 1em; color: #1b1b1b; background: #fff; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
-.scroll { overflow-x: auto; }
-caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
-table { border-collapse: collapse; margin: 0.8em 0; font-variant-numeric: tabular-nums; }
+.fit { max-width: 100%; }
+caption { text-align: left; font-weight: 600; padding: 0.3em 0; white-space: nowrap; }
+table { border-collapse: collapse; margin: 0.8em 0; font-variant-numeric: tabular-nums;
+        font-size: 13px; max-width: 100%; }
+td.text { overflow-wrap: anywhere; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #e3e3e3; vertical-align: top; }
 th { background: #f4f4f4; text-align: left; font-weight: 600; }
 th small { display: block; font-weight: normal; color: #666; }
 td.num, th.num { text-align: right; white-space: nowrap; }
-figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; box-sizing: border-box; border: 1px solid #eee; }
 figcaption { color: #444; font-size: 0.92em; max-width: 70em; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 0.15em 1em; }
 dt { color: #555; } dd { margin: 0; overflow-wrap: anywhere; }
 .note { color: #444; font-size: 0.92em; margin: 0.2em 0; }
 .error { color: #a40000; font-weight: 600; }
-pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
+pre { background: #f7f7f7; padding: 0.8em; white-space: pre-wrap; overflow-wrap: anywhere;
+      font-size: 12px; }
 """
 
 
+PAGE_CHARS = 150  # a table part's width in characters (5.5 px each at 13 px): 830 px and some
+
+
 def grid_html(grid: Grid) -> str:
-    """A :class:`Grid` as an HTML table (all columns: a page scrolls), notes under it."""
-    head = "".join(
-        f'<th class="{"num" if c.numeric else "text"}">'
-        f'{"<br>".join(escape(line) for line in c.name.splitlines())}'
-        f'{f"<small>{escape(c.stat)}</small>" if c.stat else ""}</th>' for c in grid.columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{"num" if c.numeric else "text"}">{escape(v)}</td>'
-                         for c, v in zip(grid.columns, row, strict=True)) + "</tr>"
-        for row in grid.rows)
+    """A :class:`Grid` as HTML tables that fit the page: split into parts as the terminal
+    does (each repeating the columns that name a row), text wrapping, numbers whole;
+    notes under the last part."""
+    parts = split(grid, PAGE_CHARS)
+    out = []
+    for n, part in enumerate(parts, 1):
+        cols = [grid.columns[i] for i, _ in part]
+        head = "".join(
+            f'<th class="{"num" if c.numeric else "text"}">'
+            f'{"<br>".join(escape(line) for line in c.name.splitlines())}'
+            f'{f"<small>{escape(c.stat)}</small>" if c.stat else ""}</th>' for c in cols)
+        body = "".join(
+            "<tr>" + "".join(f'<td class="{"num" if c.numeric else "text"}">{escape(row[i])}</td>'
+                             for c, (i, _) in zip(cols, part, strict=True)) + "</tr>"
+            for row in grid.rows)
+        title = grid.title if len(parts) == 1 else f"{grid.title} ({n} of {len(parts)})"
+        out.append(f'<div class="fit"><table><caption>{escape(title)}</caption>'
+                   f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
     notes = "".join(f'<p class="{"error" if n.startswith("FAILED") else "note"}">{escape(n)}</p>'
                     for n in grid.notes)
-    return (f'<div class="scroll"><table><caption>{escape(grid.title)}</caption>'
-            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{notes}")
+    return "".join(out) + notes
 
 
 def figure_html(p: Picture) -> str:
@@ -110,8 +125,8 @@ def run_section(run: RunData, pictures: Sequence[Picture], heading: str) -> str:
             f"<details><summary>run record</summary><pre>{record}</pre></details></section>")
 
 
-def render_html(drawn: Drawn) -> str:
-    """The whole page."""
+def render_html(drawn: Drawn, job: Grid | None = None) -> str:
+    """The whole page; `job`: what the job will see (cadence.job), after the summary."""
     runs = drawn.runs
     views: list[dict[str, Any]] = [r.view for r in runs]
     tables = grid_html(summary_grid(views))
@@ -121,6 +136,8 @@ def render_html(drawn: Drawn) -> str:
             tables += grid_html(extra)
     several = len(runs) > 1
     parts = [f"<h2>Summary</h2>{tables}"]
+    if job is not None:
+        parts.append(f"<h2>What the job will see</h2>{grid_html(job)}")
     if drawn.compare is not None:
         parts.append(f"<h2>Comparison</h2>{figure_html(drawn.compare)}")
     parts += [run_section(r, pics, f"#{i} {r.label}" if several else f"Run: {r.label}")

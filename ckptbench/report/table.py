@@ -9,6 +9,8 @@ shows (median iteration, worst iteration, range over iterations, all calls).
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ckptbench.errors import CkptbenchError
 from ckptbench.report import compare, throughput
 from ckptbench.units import gbps
 
@@ -125,7 +128,7 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
     rows = []
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         f = compare.facets(res["run"])
-        lead = ([name] if several else []) + [f.get(k, "-") for k in keys]
+        lead = ([name] if several else []) + [compare.value(f, k) for k in keys]
         for s in res["summary"]:
             op = _data_op(s["phase"], s["latency"])
             lat = s["latency"].get(op, {})
@@ -343,8 +346,44 @@ def output_width(wide: bool, width: int | None) -> int | None:
     return width or Console().width
 
 
+class ClosedOutput(CkptbenchError):
+    """Standard output's reader went away (``| head``): one line saying what was cut
+    short, exit status 1 (not bad input)."""
+
+    exit_code = 1
+
+
+def closed_stdout(what: str) -> ClosedOutput:
+    """The error for `what` cut short by a closed standard output; standard output is
+    pointed at /dev/null first, so Python's flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return ClosedOutput(f"standard output: its reader closed it (broken pipe, e.g. `| head`) "
+                        f"before {what} was written whole")
+
+
+def write_stdout(data: bytes, what: str) -> None:
+    """All of `data` to standard output, or :func:`closed_stdout`'s error (a buffered
+    write of a large page can stop short at a closed pipe without raising)."""
+    sys.stdout.flush()
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(sys.stdout.fileno(), view):]
+    except BrokenPipeError:
+        raise closed_stdout(what) from None
+
+
+class _Console(Console):
+    """rich's console, but a closed pipe is a :class:`ClosedOutput`, not a silent exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise closed_stdout("the table")
+
+
 def console_for(width: int | None, plain: bool = False) -> Console:
     """A console that prints `width` columns (None: as many as a line needs); `plain`: no
     colours or styles even on a terminal (MPI ranks print to a pseudo-terminal that
     mpirun copies into logs)."""
-    return Console(width=width or 100_000, force_terminal=False if plain else None)
+    return _Console(width=width or 100_000, force_terminal=False if plain else None)

@@ -35,6 +35,7 @@ class PageVisit:
     requests: list[str] = field(default_factory=list)  # every URL the page asked for
     images: list[dict[str, Any]] = field(default_factory=list)  # complete, width, height
     screenshot: bytes = b""  # PNG of the whole page
+    layout: dict[str, Any] = field(default_factory=dict)  # LAYOUT's answer, at load
 
 
 class DevTools:
@@ -136,6 +137,21 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# What sticks out at the window's width: the document's scroll width, and every visible
+# element whose right edge is past the window or whose content is wider than its box
+# (scrolled or clipped), named by tag, class and the start of its text.
+LAYOUT = """(() => {
+  const w = window.innerWidth, over = [];
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width) continue;
+    if (r.right > w + 0.5 || el.scrollWidth > el.clientWidth + 1)
+      over.push(`${el.tagName}.${el.className}: ${(el.textContent || '').slice(0, 60)}`);
+  }
+  return {width: w, scrollWidth: document.documentElement.scrollWidth, over: over.slice(0, 20)};
+})()"""
+
+
 def visit(path: Path, binary: str, width: int = 1280, max_height: int = 16000) -> PageVisit:
     """Open `path` (file://), wait for its load event, then read what it produced."""
     chrome = DevTools(binary)
@@ -152,6 +168,8 @@ def visit(path: Path, binary: str, width: int = 1280, max_height: int = 16000) -
             "Runtime.evaluate", session=s, returnByValue=True,
             expression="Array.from(document.images).map(i => ({complete: i.complete, "
                        "width: i.naturalWidth, height: i.naturalHeight}))")["result"]["value"]
+        layout = chrome.call("Runtime.evaluate", session=s, returnByValue=True,
+                             expression=LAYOUT)["result"]["value"]
         height = chrome.call("Page.getLayoutMetrics", session=s)["cssContentSize"]["height"]
         chrome.call("Emulation.setDeviceMetricsOverride", session=s, width=width,
                     height=int(min(max(height, 100), max_height)), deviceScaleFactor=1, mobile=False)
@@ -160,6 +178,6 @@ def visit(path: Path, binary: str, width: int = 1280, max_height: int = 16000) -
         events = chrome.events
         requests = [e["params"]["request"]["url"] for e in events
                     if e.get("method") == "Network.requestWillBeSent"]
-        return PageVisit(_errors(events), requests, images, base64.b64decode(shot))
+        return PageVisit(_errors(events), requests, images, base64.b64decode(shot), layout)
     finally:
         chrome.close()

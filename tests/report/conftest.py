@@ -42,3 +42,23 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         paths.append(results)
         printed.append(done)
     return Runs(tuple(paths), tuple(printed))
+
+
+@pytest.fixture(scope="session")
+def mixed_runs(tmp_path_factory: pytest.TempPathFactory, minio_server) -> Runs:
+    """Three runs a user compares (issue 31): local sync, local --mode async, and S3 on a
+    real MinIO; results files local.jsonl, async.jsonl, s3.jsonl."""
+    work = tmp_path_factory.mktemp("mixed-runs")
+    loop = ("--mode", "async", "--step-seconds", "0.02", "--steps-per-checkpoint", "2")
+    s3 = ("--target", f"s3://{minio_server.bucket}/mixed-runs", "--endpoint-url",
+          minio_server.endpoint)
+    paths, printed = [], []
+    for stem, extra in (("local", ("--target", str(work / "local"))),
+                        ("async", ("--target", str(work / "async"), *loop)), ("s3", s3)):
+        results = work / f"{stem}.jsonl"
+        done = ckptbench("run", str(TINY), "--iterations", "2", "--results", str(results),
+                         "--json", *extra, env=minio_server.env())
+        assert done.returncode == 0, done.stderr
+        paths.append(results)
+        printed.append(done)
+    return Runs(tuple(paths), tuple(printed))

@@ -67,4 +67,4 @@ def test_an_async_run_reports_its_table_beside_a_sync_run(tmp_path):
     grid = async_grid(views)
     assert grid is not None and [row[0] for row in grid.rows] == ["#1"]
     assert async_grid(views[1:]) is None
-    assert "<caption>asynchronous checkpoints</caption>" in grid_html(grid)
+    assert "<caption>asynchronous checkpoints" in grid_html(grid)  # in parts that fit the page

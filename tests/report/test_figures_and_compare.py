@@ -61,9 +61,8 @@ def test_the_stalled_rank_is_marked_slowest_and_its_end_drawn_in_red() -> None:
 def test_compared_runs_are_labelled_by_the_options_that_differ(three_runs: Runs) -> None:
     runs = load_runs([str(p) for p in three_runs.paths])
     # zarr records its inner chunks per shard in the codec text: a difference too
-    assert [r.label for r in runs] == ["io=buffered format=raw codec=none",
-                                       "io=direct format=raw codec=none",
-                                       "io=buffered format=zarr codec=none:inner_chunks=1"]
+    assert [r.label for r in runs] == ["buffered, raw, no codec", "O_DIRECT, raw, no codec",
+                                       "buffered, zarr, codec none:inner_chunks=1"]
     records = [r.view["run"] for r in runs]
     assert compare.differing(records) == ["io", "format", "codec"]
     assert compare.common(records)["workload"] == "tiny"
@@ -80,5 +79,5 @@ def test_one_run_is_labelled_by_its_workload_and_identical_runs_by_number() -> N
     assert compare.labels([run]) == ["tiny"]
     assert compare.labels([run, run]) == ["#1 tiny", "#2 tiny"]
     other = {**run, "options": {"format": "zarr", "codec": "zstd:level=3,inner_chunks=1"}}
-    assert compare.labels([run, other]) == ["format=raw codec=none",
-                                            "format=zarr codec=zstd:level=3, inner_chunks=1"]
+    assert compare.labels([run, other]) == ["raw, no codec",
+                                            "zarr, codec zstd:level=3, inner_chunks=1"]
