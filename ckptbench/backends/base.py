@@ -151,6 +151,12 @@ class Backend(ABC):
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
         the target and nothing else is left in it."""
 
+    def for_parent(self) -> Backend:
+        """This backend for a process that forks the run's ranks after using it (`ckptbench
+        restore` reads the manifest first): one whose reads start nothing a forked child
+        cannot use. Default: itself."""
+        return self
+
     # --- data ---
     @abstractmethod
     def open_write(self, key: str, size: int) -> WriteHandle: ...

@@ -15,6 +15,8 @@ Retries use botocore's ``standard`` mode; each retried request is counted, by re
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -183,6 +185,15 @@ class S3Backend(Backend):
                     return False
                 raise
         return True
+
+    def for_parent(self) -> S3Backend:
+        """A view on botocore: obstore's runtime (tokio) does not survive a fork, so a
+        parent that used it could fork no rank that restores through it."""
+        if self.options.transport not in MODULES:
+            return self
+        view = copy.copy(self)
+        view.options = dataclasses.replace(self.options, transport="botocore")
+        return view
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:
