@@ -151,6 +151,12 @@ class Backend(ABC):
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
         the target and nothing else is left in it."""
 
+    def left_behind(self, prefix: str, limit: int) -> list[str]:
+        """What a cleanup leaves under `prefix` (the cleanup record's `left`): the names
+        listed there. A store that can hold more than names (unfinished uploads) or that
+        could not be listed says so here rather than report nothing."""
+        return self.list_names(prefix, limit)
+
     def for_parent(self) -> Backend:
         """This backend for a process that forks the run's ranks after using it (`ckptbench
         restore` reads the manifest first): one whose reads start nothing a forked child

@@ -142,3 +142,25 @@ def test_a_signal_mid_restore_ends_it_with_a_line_and_a_record(
                            cwd=ROOT, env=env(), capture_output=True, text=True,
                            timeout=BOUND_S)
     assert "interrupted" in shown.stdout + shown.stderr or "stopped" in shown.stdout + shown.stderr
+
+
+def test_unverified_restores_are_flagged_everywhere(tmp_path: Path) -> None:
+    """--no-verify results: the terminal table and the HTML report say UNVERIFIED, and
+    cadence refuses a restore time from them (one line naming the file)."""
+    results = tmp_path / "r.jsonl"
+    cli = [sys.executable, "-m", "ckptbench"]
+    r = subprocess.run([*cli, "run", str(TINY), "--target", str(tmp_path / "t"), "--no-verify",
+                        "--results", str(results)], cwd=tmp_path, env=env(),
+                       capture_output=True, text=True, timeout=BOUND_S)
+    assert r.returncode == 0, r.stderr
+    assert "restore UNVERIFIED" in r.stdout and "--no-verify" in r.stdout, r.stdout
+    page = tmp_path / "page.html"
+    r = subprocess.run([*cli, "report", str(results), "--html", str(page)], cwd=tmp_path,
+                       env=env(), capture_output=True, text=True, timeout=BOUND_S)
+    assert r.returncode == 0, r.stderr
+    assert "UNVERIFIED" in r.stdout and "UNVERIFIED" in page.read_text()
+    r = subprocess.run([*cli, "cadence", "--results", str(results), "--checkpoint-size", "2TB",
+                        "--gpus", "2048", "--mtbf", "4h"], cwd=tmp_path, env=env(),
+                       capture_output=True, text=True, timeout=BOUND_S)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"--results {results}: its restores were not verified (--no-verify" in r.stderr
