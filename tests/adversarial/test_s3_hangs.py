@@ -81,7 +81,8 @@ def test_frozen_server_every_upload_aborted_or_reported(server: MinioServer,  # 
     pending = [k.split("/", 1)[1] for k in pending_uploads(server, server.bucket)]
     (cleanup,) = [r for r in records(results) if r["type"] == "cleanup"]
     for key in pending:
-        assert any(key in left and "unfinished upload" in left for left in cleanup["left"]), \
+        assert any(key in left and "abort was not confirmed" in left
+                   for left in cleanup["left"]), \
             (key, cleanup["left"])
 
 

@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
+    NOT_LISTED,
     TARGET_MARKER,
+    UPLOAD_NOT_ABORTED,
     Backend,
     NameTaken,
     ReadHandle,
@@ -368,14 +370,14 @@ class S3Backend(Backend):
         listing that fails is named, not taken for an empty prefix."""
         base = self._key(prefix).rstrip("/") + "/"
         strip = len(self.prefix) + 1 if self.prefix else 0
-        left = [f"{k} (unfinished upload: its abort failed)" for k in sorted(self.unaborted)
+        left = [f"{k}{UPLOAD_NOT_ABORTED}" for k in sorted(self.unaborted)
                 if k.startswith(prefix.rstrip("/") + "/")]
         try:
             with self.calls(f"list {prefix}"):
                 listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
                                                                  MaxKeys=limit)
         except BackendError as exc:
-            return [*left, f"{prefix}/ (not listed: {exc})"][:limit]
+            return [*left, f"{prefix}/{NOT_LISTED}{exc})"][:limit]
         return [*[o["Key"][strip:] for o in listing.get("Contents", [])], *left][:limit]
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
