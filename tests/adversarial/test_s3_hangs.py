@@ -69,7 +69,9 @@ def test_frozen_server_every_upload_aborted_or_reported(server: MinioServer,  # 
         env=env(server.env()))
     deadline = time.monotonic() + 300
     while not uploads_in_flight(server.data_dir):
-        assert proc.poll() is None and time.monotonic() < deadline, "no upload in flight"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no upload in flight: {proc.communicate()[1][-3000:]}")
         time.sleep(0.01)
     assert server.proc is not None
     os.killpg(server.proc.pid, signal.SIGSTOP)
