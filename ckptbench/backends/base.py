@@ -94,6 +94,17 @@ class Capabilities:
 SHARED_FILE_TARGETS = "a directory on a local or parallel file system (a path or file://)"
 
 
+# How left_behind marks what the run itself could not remove (not someone else's files)
+UPLOAD_NOT_ABORTED = " (unfinished upload: its abort was not confirmed)"
+NOT_LISTED = " (not listed: "
+OWN_LEFTOVERS = (UPLOAD_NOT_ABORTED, NOT_LISTED)
+
+
+def own_leftover(name: str) -> bool:
+    """A `left` entry about the run's own leftovers (not a file of someone else's)."""
+    return any(mark in name for mark in OWN_LEFTOVERS)
+
+
 class Backend(ABC):
     """A storage system reached through one target (a directory, a bucket prefix, a URL).
 
@@ -150,6 +161,19 @@ class Backend(ABC):
     def release(self) -> None:
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
         the target and nothing else is left in it."""
+
+    def left_behind(self, prefix: str, limit: int) -> list[str]:
+        """What a cleanup leaves under `prefix` (the cleanup record's `left`): the names
+        listed there. A store that can hold more than names (unfinished uploads) or that
+        could not be listed says so here, each such entry ending in one of OWN_LEFTOVERS,
+        rather than report nothing."""
+        return self.list_names(prefix, limit)
+
+    def for_parent(self) -> Backend:
+        """This backend for a process that forks the run's ranks after using it (`ckptbench
+        restore` reads the manifest first): one whose reads start nothing a forked child
+        cannot use. Default: itself."""
+        return self
 
     # --- data ---
     @abstractmethod

@@ -16,7 +16,15 @@ from ckptbench.backends import Backend, IOHints, open_backend
 from ckptbench.backends.base import TARGET_MARKER
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
-from ckptbench.cli.run_cmd import RESTORE_PLANS, RestoreChoice, quiet_unless_root, restore_bytes
+from ckptbench.cli.run_cmd import (
+    RESTORE_PLANS,
+    RestoreChoice,
+    parse_stall_timeout,
+    quiet_unless_root,
+    restore_bytes,
+    stall_timeout_option,
+    stopped_as,
+)
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
 from ckptbench.fields import shown
 from ckptbench.formats import check_format
@@ -28,6 +36,7 @@ from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE
+from ckptbench.runner.signals import stop_on_signals
 from ckptbench.spec import Workload, workload_from_dict
 from ckptbench.units import parse_size
 
@@ -50,7 +59,7 @@ def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str,
                              "ckptbench restores only checkpoints it wrote")
     key = f"{prefix}/{MANIFEST_NAME}"
     try:
-        manifest, _ = load_manifest(backend, key)
+        manifest, _ = load_manifest(backend.for_parent(), key)  # before the ranks fork
     except FileNotFoundError:
         raise CkptbenchError(f"{checkpoint}: no manifest {MANIFEST_NAME}; allowed: a "
                              "checkpoint ckptbench committed and kept with --keep") from None
@@ -145,12 +154,13 @@ def written_ranks(plan: Plan, manifest: dict[str, Any], prefix: str) -> list[int
               help="Results file [default: results/<workload>-restore-<run id>.jsonl].")
 @click.option("--launcher", type=click.Choice(["auto", "local", "mpi"]), default="auto",
               show_default=True)
+@stall_timeout_option
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def restore_command(checkpoint: str, iterations: int, threads: int | None, block_size: str,
                     cache: str, restore_shift: int | None, restore_plan: str,
                     restore_world_size: int | None, restore_layout: str | None,
-                    results: str | None, launcher: str, as_json: bool,
+                    results: str | None, launcher: str, stall_timeout: str, as_json: bool,
                     **_backend_values: Any) -> None:
     """Restore CHECKPOINT (TARGET/RUN_ID/CHECKPOINT, kept with --keep), measured and
     verified chunk by chunk, onto its restore layout or the one given."""
@@ -159,7 +169,9 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
     root, prefix = split_checkpoint(checkpoint)
     backend_options_ = options_for_target(root, backend_flags)
     launch = open_launcher(launcher)
-    with quiet_unless_root(launch):
+    stall = parse_stall_timeout(stall_timeout)
+    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         block = parse_size(block_size, "--block-size")
         backend = open_backend(root, backend_options_, IOHints(block_size=block,
                                                                  threads=threads or 1))
@@ -180,7 +192,7 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
             restore=True, cache=cache,
             run_id=new_run_id(), restore_shift=restore_shift or 0, format=fmt,
             restore_plan=restore_plan, checkpoint=prefix,
-            checkpoint_iteration=manifest["iteration"])
+            checkpoint_iteration=manifest["iteration"], stall_timeout=stall)
         req = RunRequest(workload=workload, plan=plan, ranks=ranks, backend=backend,
                          options=options, restore_shift_auto=restore_shift is None)
         path = Path(results) if results else \
@@ -196,8 +208,9 @@ def _measure(launch: Launcher, req: RunRequest, path: Path, total: int, checkpoi
                   TransferSpeedColumn(), console=console, transient=True,
                   disable=not launch.root) as progress:
         task = progress.add_task("restore", total=total)
-        outcome = measure(req, path, launch, on_progress=lambda n: progress.advance(task, n),
-                          on_start=lambda: click.echo(f"restoring {checkpoint}"))
+        with stopped_as(f"the restore of {checkpoint}", path):
+            outcome = measure(req, path, launch, on_progress=lambda n: progress.advance(task, n),
+                              on_start=lambda: click.echo(f"restoring {checkpoint}"))
     if outcome is None:
         return
     if as_json:

@@ -70,6 +70,26 @@ def quiet_unless_root(launcher: Launcher) -> Iterator[None]:
         raise SystemExit(exc.exit_code) from None
 
 
+def stall_timeout_option(f: Any) -> Any:
+    """--stall-timeout, for every command that moves checkpoint bytes (run, restore)."""
+    return click.option(
+        "--stall-timeout", default="120s", show_default=True,
+        help="Fail the run when a rank moves no byte for this long while saving or "
+             "restoring, or stays stopped (SIGSTOP) this long (e.g. 30s, 10min; off: "
+             "never). Raise it for very slow storage.")(f)
+
+
+@contextlib.contextmanager
+def stopped_as(what: str, results: Path) -> Iterator[None]:
+    """A signal (Ctrl-C, SIGTERM, SIGHUP: runner.signals) that stopped `what` becomes one
+    line naming it, and exit status 128 + the signal."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        kept = f"; records so far: {results}" if results.exists() else ""
+        raise Stopped(f"stopped by {signal_name(exc)}: {what}{kept}", exit_status(exc)) from None
+
+
 def parse_stall_timeout(text: str) -> float:
     """--stall-timeout: a duration, or off (0 means off too)."""
     if text.strip().lower() in ("off", "0", "0s"):
@@ -125,9 +145,7 @@ RESTORE_PLANS = ("dcp", "files")
                    "it (replicas, resharding); files: each rank reads back its own files "
                    "[default: dcp with --format raw, else files].")
 @restore_layout_options
-@click.option("--stall-timeout", default="120s", show_default=True,
-              help="Fail the run when a rank moves no byte for this long while saving or "
-                   "restoring (e.g. 30s, 10min; off: never). Raise it for very slow storage.")
+@stall_timeout_option
 @async_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True,
@@ -243,17 +261,13 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                   transient=True, disable=not launch.root) as progress:
         task = progress.add_task("save+restore" if not no_restore else "save", total=total)
-        try:
+        done = "kept what it finished" if keep else "removed what it wrote"
+        with stopped_as(f"the run {done} on {target}", results_path):
             outcome = measure(req, results_path, launch,
                               on_progress=lambda n: progress.advance(task, n), on_start=banner,
                               on_notice=lambda line: console.print(
                                   f"ckptbench: note: {line}", markup=False, highlight=False,
                                   soft_wrap=True))
-        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP (runner.signals)
-            done = "kept what it finished" if keep else "removed what it wrote"
-            kept = f"; records so far: {results_path}" if results_path.exists() else ""
-            raise Stopped(f"stopped by {signal_name(exc)}: the run {done} on {target}{kept}",
-                          exit_status(exc)) from None
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if as_json:

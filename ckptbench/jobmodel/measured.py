@@ -220,6 +220,10 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
     save = replace(save, **shown.get("save", {}))
     restore = restore and replace(restore, **shown.get("restore", {}))
     run = loaded["run"]
+    if restore is not None and (run.get("options") or {}).get("verify") is False:
+        raise results_error(where, "its restores were not verified (--no-verify, a "
+                            "diagnostic): not a restore time a job could rely on; allowed: "
+                            "the results of a run without --no-verify (or with --no-restore)")
     plan = run.get("plan") or {}
     first = [r for r in records if r.get("type") == "rank" and r.get("phase") == "save"
              and r.get("iteration") == save.samples[0].iteration]

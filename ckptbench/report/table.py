@@ -113,6 +113,11 @@ def _heading(title: str, loaded: Sequence[dict[str, Any]]) -> tuple[str, list[st
     return title, notes
 
 
+def unverified(run: dict[str, Any]) -> bool:
+    """The run's restores were not verified (--no-verify): flagged wherever shown."""
+    return (run.get("options") or {}).get("verify") is False
+
+
 def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
     """One row per run and phase, with the options that differ between runs as columns."""
     runs = [r["run"] for r in loaded]
@@ -129,12 +134,14 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         f = compare.facets(res["run"])
         lead = ([name] if several else []) + [compare.value(f, k) for k in keys]
+        flag = unverified(res["run"])
         for s in res["summary"]:
             op = _data_op(s["phase"], s["latency"])
             lat = s["latency"].get(op, {})
             rank_id, rank_s = _slowest(res, s)
             cache = s.get("cache") or "-"
-            rows.append((*lead, s["phase"], str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
+            phase = f"{s['phase']} UNVERIFIED" if flag and s["phase"] == "restore" else s["phase"]
+            rows.append((*lead, phase, str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
                          f"{s['seconds']:.3f}", gbps(s["throughput_bytes_per_s"]),
                          f"{gbps(s['throughput_min'])}-{gbps(s['throughput_max'])}",
                          gbps(s["rank_throughput_min_bytes_per_s"]), rank_id, f"{rank_s:.3f}",
@@ -147,6 +154,10 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
         notes += [f"{name + ': ' if name else ''}{line}"
                   for line in throughput.headlines(res["summary"])]
     notes += [f"{throughput.NOTE} min rank GB/s: a rank's bytes over its own span. {legend}."]
+    notes += [f"UNVERIFIED {name + ' ' if name else ''}restore: its bytes were not checked "
+              "(--no-verify, a diagnostic): not a restore a job could rely on"
+              for name, res in zip(_run_names(loaded), loaded, strict=True)
+              if unverified(res["run"]) and any(s["phase"] == "restore" for s in res["summary"])]
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         notes += [f"FAILED {name + ' ' if name else ''}{e['phase']} iteration {e['iteration']}: "
                   f"{e['message']}" for e in res["errors"]]

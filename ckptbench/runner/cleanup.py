@@ -137,7 +137,7 @@ def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
         remove_checkpoint(backend, names, checkpoint)
     run_files = names.run_files if pending == 0 else (PROBE, atomic_tmp(PROBE))
     backend.remove_recorded(names.chain(), run_files, ())
-    left = backend.list_names(names.run_id, SHOWN)
+    left = backend.left_behind(names.run_id, SHOWN)
     if pending != 0:
         left.append(f"{'maybe some' if pending is None else pending} {UPLOADS_LEFT} (the store "
                     f"did not answer; the run's intent {names.run_id}/{INTENT} is kept)")

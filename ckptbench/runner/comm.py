@@ -67,30 +67,34 @@ class SingleComm(Comm):
 
 
 class ProcessComm(Comm):
-    """Local processes forked from one parent: a shared barrier and one inbox each."""
+    """Local processes forked from one parent: one inbox each and a shared abort flag.
+
+    The barrier is a gather and a bcast through the inboxes, never a multiprocessing
+    Barrier: a process killed inside one holds its lock, and every later wait or abort
+    (the parent's too) blocks for ever. Every wait here is bounded and looks at the flag,
+    a plain shared byte that anyone (the parent first) sets without a lock."""
 
     kind = "local-processes"
 
-    def __init__(self, rank: int, size: int, barrier: Any, inboxes: list[Any]) -> None:
+    def __init__(self, rank: int, size: int, aborted: Any, inboxes: list[Any]) -> None:
         self.rank, self.size = rank, size
-        self._barrier = barrier
+        self._aborted = aborted  # a shared value (multiprocessing RawValue): nonzero = abort
         self._inboxes = inboxes
+        self._early: dict[int, list[Any]] = {}  # process 0: a fast peer's next gathers
 
     def barrier(self) -> None:
-        import threading
-
-        try:
-            self._barrier.wait(timeout=COMM_TIMEOUT_S)
-        except threading.BrokenBarrierError:
-            raise CommError("a peer process left the run") from None
+        self.gather(None)
+        self.bcast(None)
 
     def _get(self, box: Any) -> Any:
         deadline = time.monotonic() + COMM_TIMEOUT_S
         while True:
+            if self._aborted.value:
+                raise CommError("a peer process left the run")
             try:
-                return box.get(timeout=1.0)
+                return box.get(timeout=0.2)
             except queue.Empty:
-                if time.monotonic() > deadline or self._barrier.broken:
+                if time.monotonic() > deadline:
                     raise CommError("a peer process stopped answering") from None
 
     def gather(self, obj: Any) -> list[Any] | None:
@@ -99,9 +103,18 @@ class ProcessComm(Comm):
             return None
         out: list[Any] = [None] * self.size
         out[0] = obj
-        for _ in range(self.size - 1):
+        missing = set(range(1, self.size))
+        for r in list(missing):  # what a peer sent for this gather before the last one ended
+            if self._early.get(r):
+                out[r] = self._early[r].pop(0)
+                missing.discard(r)
+        while missing:
             r, o = self._get(self._inboxes[0])
-            out[r] = o
+            if r in missing:
+                out[r] = o
+                missing.discard(r)
+            else:  # a peer already in the next gather (no bcast between the two)
+                self._early.setdefault(r, []).append(o)
         return out
 
     def bcast(self, obj: Any) -> Any:
@@ -112,4 +125,4 @@ class ProcessComm(Comm):
         return self._get(self._inboxes[self.rank])
 
     def abort(self, code: int = 1) -> None:
-        self._barrier.abort()
+        self._aborted.value = 1

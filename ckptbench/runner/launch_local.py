@@ -2,8 +2,10 @@
 
 The parent prepares the target, writes the run record, forks one process per plan rank
 and watches them: progress comes through a shared array, records (process 0's) and the
-first error through queues, and a process that dies makes the parent stop the rest (no
-hang). Every child asks the kernel to kill it when the parent dies (PR_SET_PDEATHSIG), so
+first error through queues (read by a thread of the parent's, so a message half written
+by a killed rank never blocks it), and a process that dies, or stalls while alive
+(SIGSTOP included: runner.watch_ranks), makes the parent stop the rest (no hang). No
+wait of the parent's is on a lock a rank could hold. Every child asks the kernel to kill it when the parent dies (PR_SET_PDEATHSIG), so
 no rank outlives a killed parent.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
-import queue
 import signal
 import socket
 import time
@@ -20,14 +21,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from ckptbench.errors import RunFailed, describe_error
-from ckptbench.records import JsonlSink, Record, as_dict
+from ckptbench.records import ErrorRecord, JsonlSink, Record, as_dict
 from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.session import Launcher, Progress, Topology
-from ckptbench.runner.stall import OnStall, StallWatch
+from ckptbench.runner.stall import OnStall, Publish, StallWatch
+from ckptbench.runner.watch_ranks import Inbox, RankWatch
 
 GRACE_S = 5.0  # after a process fails, how long the others get to report before being stopped
+WHAT_BYTES = 128  # per rank: what its stall watch is armed for
 COORDINATED_EXIT = (1, 2)  # exit codes of processes that reported their error
 PR_SET_PDEATHSIG = 1
 
@@ -64,7 +67,7 @@ def _report_stall(errors: Any, records: Any) -> OnStall:
     """A stalled rank tells the parent why and exits (its I/O threads cannot be stopped):
     the parent stops the others and cleans up, as for any rank that failed."""
     def stalled(message: str) -> None:
-        errors.put(("stall", message))
+        errors.put(("stall", message, False))
         for q in (records, errors):
             q.close()
             q.join_thread()
@@ -72,8 +75,30 @@ def _report_stall(errors: Any, records: Any) -> OnStall:
     return stalled
 
 
-def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list[Any],
-           progress: Any, errors: Any, records: Any) -> None:
+class Shared:
+    """What the parent and the ranks share without a lock (a rank killed while holding a
+    lock would hold it for ever): each rank's bytes moved, what it is watched for (empty:
+    no bytes expected now) and the abort flag."""
+
+    def __init__(self, ctx: Any, size: int) -> None:
+        self.progress = ctx.Array("q", size, lock=False)
+        self.what = ctx.Array("c", size * WHAT_BYTES, lock=False)
+        self.aborted = ctx.RawValue("b", 0)
+
+    def publisher(self, index: int) -> Publish:
+        """A rank's StallWatch publishes here whether it expects bytes now."""
+        def publish(what: str | None) -> None:
+            data = (what or "").encode()[:WHAT_BYTES - 1]
+            self.what[index * WHAT_BYTES:(index + 1) * WHAT_BYTES] = data.ljust(WHAT_BYTES, b"\0")
+        return publish
+
+    def watched_for(self, index: int) -> str:
+        raw = self.what[index * WHAT_BYTES:(index + 1) * WHAT_BYTES]
+        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: list[Any],
+           errors: Any, records: Any) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
     # SIGTERM/SIGHUP (to the process group, by timeout/systemd/Slurm): end at once; the
@@ -81,13 +106,13 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     ranks = req.ranks
-    comm = ProcessComm(index, len(ranks), barrier, inboxes)
+    comm = ProcessComm(index, len(ranks), shared.aborted, inboxes)
 
     def tick(n: int) -> None:
-        progress[index] += n
+        shared.progress[index] += n
 
     watch = StallWatch(req.options.stall_timeout, _report_stall(errors, records),
-                       f"rank {ranks[index]}")
+                       f"rank {ranks[index]}", shared.publisher(index))
     code = 0
     try:
         run_iterations(req.plan, [ranks[index]], ranks, req.backend, comm, req.options,
@@ -95,13 +120,18 @@ def _child(index: int, req: RunRequest, parent: int, barrier: Any, inboxes: list
                        req.names)
     except RunFailed as exc:
         if index == 0:
-            errors.put((exc.kind, str(exc)))
+            errors.put((exc.kind, str(exc), True))  # process 0 recorded it
         code = exc.exit_code
     except BaseException as exc:
-        errors.put(describe_error(exc))
+        errors.put((*describe_error(exc), False))
         comm.abort()
         code = 1
     finally:
+        for q in inboxes:  # a collective's last messages (a bcast) must reach the peers,
+            q.close()      # unless the run failed: a peer gone would never read them
+            if code:
+                q.cancel_join_thread()
+            q.join_thread()
         for q in (records, errors):
             q.close()
             q.join_thread()  # the messages must reach the parent before _exit
@@ -130,25 +160,22 @@ class LocalLauncher(Launcher):
         _run_forked(req, sink, progress)
 
 
-def _drain(records: Any, sink: JsonlSink | None) -> None:
-    while True:
-        try:
-            batch = records.get_nowait()
-        except queue.Empty:
-            return
+def _drain(inbox: Inbox, sink: JsonlSink | None) -> None:
+    for batch in inbox.take_records():
         if sink is not None:
             sink.write_all(batch)
 
 
 def _reap(procs: list[Any]) -> None:
     """Wait for every rank; one that outlives a grace period after being asked to stop
-    (or that is still running however this was left) is killed: none outlives the run."""
+    (or that is still running however this was left) is killed: none outlives the run.
+    Only waitpid and signals: nothing here waits on what a rank could hold."""
     deadline = time.monotonic() + GRACE_S
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
-            p.kill()
+            p.kill()  # SIGKILL: a stopped (SIGSTOP) rank too
             p.join()
 
 
@@ -156,72 +183,85 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
     ctx = mp.get_context("fork")
     ranks = req.ranks
     size = len(ranks)
-    barrier = ctx.Barrier(size)
+    shared = Shared(ctx, size)
     inboxes = [ctx.Queue() for _ in range(size)]
-    progress = ctx.Array("q", size, lock=False)
     errors, records = ctx.Queue(), ctx.Queue()
     if sink is not None:
         sink.flush()
-    procs = [ctx.Process(target=_child, args=(i, req, os.getpid(), barrier, inboxes, progress,
+    procs = [ctx.Process(target=_child, args=(i, req, os.getpid(), shared, inboxes,
                                                errors, records), daemon=True)
              for i in range(size)]
     for p in procs:
         p.start()
+    inbox = Inbox(records, errors)  # its reading thread starts after the forks
+    watch = RankWatch([p.pid or 0 for p in procs], ranks, req.options.stall_timeout)
     try:
-        first_dead = _watch(procs, barrier, progress, records, sink, on_progress)
+        first_dead, stall = _watch(procs, shared, watch, inbox, sink, on_progress)
     except BaseException:  # interrupted (runner.signals) or broken: stop every rank
-        barrier.abort()
+        shared.aborted.value = 1
         for p in procs:
             p.terminate()
         raise
     finally:
         _reap(procs)
-        _drain(records, sink)
-    if first_dead is None and all(p.exitcode == 0 for p in procs):
+        inbox.close()
+        _drain(inbox, sink)
+    if first_dead is None and stall is None and all(p.exitcode == 0 for p in procs):
         return
-    raise _failure(ranks, procs, first_dead, errors)
+    kind, message, recorded = stall or _failure(ranks, procs, first_dead, inbox)
+    if sink is not None and not recorded:  # a rank died or stalled: the record says why
+        sink.write(ErrorRecord(0, "run", kind, message))
+        sink.flush()
+    raise RunFailed(message, kind)
 
 
-def _watch(procs: list[Any], barrier: Any, progress: Any, records: Any, sink: JsonlSink | None,
-           on_progress: Progress | None) -> tuple[int, int] | None:
-    """Until every rank has ended: records to the sink, progress to the caller. The first
-    rank to fail wakes the others (they may wait for it in a barrier or a gather), and
-    those still running GRACE_S later are stopped. Returns (index, exit code) of that rank."""
+Failure = tuple[str, str, bool]  # kind, message, whether process 0 already recorded it
+
+
+def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
+           sink: JsonlSink | None, on_progress: Progress | None
+           ) -> tuple[tuple[int, int] | None, Failure | None]:
+    """Until every rank has ended: records to the sink, progress to the caller, stalls
+    watched from outside (runner.watch_ranks). The first rank to fail (or stall) wakes the
+    others (they may wait for it in a gather), and those still running GRACE_S later are
+    stopped. Returns (index, exit code) of the first rank that failed, or the stall."""
     reported = 0
     first_dead: tuple[int, int] | None = None
+    stall: Failure | None = None
     failed_at = 0.0
     while any(p.is_alive() for p in procs):
         time.sleep(0.05)
-        _drain(records, sink)
-        done = sum(progress)
+        _drain(inbox, sink)
+        done = sum(shared.progress)
         if on_progress and done != reported:
             on_progress(done - reported)
             reported = done
-        if first_dead is None:
-            dead = next(((i, p.exitcode) for i, p in enumerate(procs)
-                         if p.exitcode not in (None, 0)), None)
-            if dead is not None:
-                first_dead, failed_at = dead, time.monotonic()
-                barrier.abort()
+        if first_dead is None and stall is None:
+            first_dead = next(((i, p.exitcode) for i, p in enumerate(procs)
+                               if p.exitcode not in (None, 0)), None)
+            stalled = None if first_dead else watch.check(shared.progress, shared.watched_for)
+            if stalled is not None:
+                index, message = stalled
+                procs[index].kill()  # alive but moving nothing (stopped, or hung)
+                stall = ("stall", message, False)
+            if first_dead is not None or stall is not None:
+                failed_at = time.monotonic()
+                shared.aborted.value = 1
         elif time.monotonic() - failed_at > GRACE_S:
             for p in procs:
                 if p.is_alive():
-                    p.terminate()
-    return first_dead
+                    p.kill()  # SIGKILL: a stopped rank holds a SIGTERM pending for ever
+    return first_dead, stall
 
 
 def _failure(ranks: list[int], procs: list[Any], first_dead: tuple[int, int] | None,
-             errors: Any) -> RunFailed:
-    """What stopped the run: the error a rank reported, or how the first one died."""
-    reports = []
-    while True:
-        try:
-            reports.append(errors.get(timeout=0.5))
-        except queue.Empty:
-            break
+             inbox: Inbox) -> Failure:
+    """What stopped the run: the error a rank reported, or how the first one died:
+    (kind, message, whether process 0 already recorded it)."""
+    reports = inbox.errors()
     index, code = first_dead if first_dead else (0, procs[0].exitcode or 1)
     if code not in COORDINATED_EXIT or not reports:
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        return RunFailed(f"rank {ranks[index]} died ({how}); the run was stopped", "internal")
-    kind, message = reports[0]
-    return RunFailed(message, kind)
+        return ("internal", f"rank {ranks[index]} died ({how}); the run was stopped", False)
+    kind, message, recorded = reports[0]
+    return kind, message, recorded

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckptbench.backends import Backend
+from ckptbench.backends.base import own_leftover
 from ckptbench.errors import CkptbenchError, RunFailed, describe_error
 from ckptbench.formats import format_class
 from ckptbench.plan import Plan
@@ -278,7 +279,7 @@ def _finish(req: RunRequest, names: RunNames, clean: bool, sink: JsonlSink | Non
         sink.write({"type": "cleanup", "run_id": names.run_id, "left": left})
         sink.flush()
     uploads = [x for x in left if UPLOADS_LEFT in x]
-    left = [x for x in left if UPLOADS_LEFT not in x]
+    left = [x for x in left if UPLOADS_LEFT not in x and not own_leftover(x)]  # in the record
     if left:
         more = "" if len(left) < SHOWN else " and more"
         notice(f"left in place in {where}: {', '.join(left)}{more} (not written by this run; "

@@ -10,6 +10,11 @@ processes: report to the parent and exit; MPI ranks: print and exit, which ends 
 job). Waiting for the other processes (barriers, gathers) does not count as stalling:
 a process that finished its share waits for the slowest one, which watches itself.
 
+A process that is stopped (SIGSTOP, a frozen cgroup) cannot watch itself: its watchdog
+stops with it. So the watch also publishes whether it expects bytes (`publish`: what is
+watched, or None while disarmed or waiting for peers), and the local launcher's parent
+watches those ranks' progress counters from outside (runner.launch_local).
+
 A format that cannot report bytes as they move (torch-dcp: one op per save) is not
 watched; its storage calls' own timeouts still apply.
 """
@@ -23,14 +28,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 OnStall = Callable[[str], None]
+Publish = Callable[["str | None"], None]
+OVERSLEPT_S = 2.0  # a watchdog that woke this late was itself stopped: the clock restarts
+
+
+def stall_message(who: str, timeout: float, what: str) -> str:
+    return (f"{who} stalled: no byte moved for {timeout:g} s during {what} "
+            f"(--stall-timeout {timeout:g}s); the storage stopped answering, or allow slower "
+            "storage a larger --stall-timeout")
 
 
 class StallWatch:
     """Calls `on_stall(message)` once, from a watchdog thread, when the watch is armed and
     no tick came for `timeout` seconds; `timeout` 0 turns it off."""
 
-    def __init__(self, timeout: float, on_stall: OnStall, who: str = "this process") -> None:
+    def __init__(self, timeout: float, on_stall: OnStall, who: str = "this process",
+                 publish: Publish | None = None) -> None:
         self.timeout = timeout
+        self.publish = publish
         self.on_stall = on_stall
         self.who = who
         self._lock = threading.Lock()
@@ -56,6 +71,7 @@ class StallWatch:
             return
         with self._lock:
             self._what, self._last = what, time.monotonic()
+            self._published()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckptbench-stall",
                                                 daemon=True)
@@ -65,32 +81,42 @@ class StallWatch:
         finally:
             with self._lock:
                 self._what = None
+                self._published()
+
+    def _published(self) -> None:
+        """Tell the launcher whether bytes are expected now (called under the lock)."""
+        if self.publish is not None:
+            self.publish(self._what if not self._paused else None)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """Waiting for other processes (not a stall of this one): the clock is held."""
         with self._lock:
             self._paused += 1
+            self._published()
         try:
             yield
         finally:
             with self._lock:
                 self._paused -= 1
                 self._last = time.monotonic()
+                self._published()
 
     def _run(self) -> None:
         period = min(1.0, self.timeout / 4)
+        woke = time.monotonic()
         while not self.fired:
             time.sleep(period)
             with self._lock:
+                slept, woke = time.monotonic() - woke, time.monotonic()
+                if slept > period + OVERSLEPT_S:  # stopped with its process, now resumed
+                    self._last = woke
                 what = self._what
                 idle = time.monotonic() - self._last
                 stalled = what is not None and not self._paused and idle >= self.timeout
             if stalled:
                 self.fired = True
-                self.on_stall(f"{self.who} stalled: no byte moved for {self.timeout:g} s during {what} "
-                              f"(--stall-timeout {self.timeout:g}s); the storage stopped "
-                              "answering, or allow slower storage a larger --stall-timeout")
+                self.on_stall(stall_message(self.who, self.timeout, str(what)))
 
 
 class WatchedGroup:

@@ -8,13 +8,27 @@ wrapped so that, when the runner evicts the checkpoint from caches (after the ma
 committed, before the restore starts), the first process to get there applies ACTION to
 the checkpoint's files. ACTION is NAME[:ARG] from :data:`ACTIONS`; or ``hang:SUBSTRING``:
 a write to a key containing SUBSTRING, after its first block, never returns (a mount that
-stopped answering).
+stopped answering); ``stop:SUBSTRING``: that write stops its process instead (SIGSTOP);
+``hang-read:SUBSTRING`` and ``stop-read:SUBSTRING``: the same for the restore's reads
+(the first process there writes RESULTS.blocked first, for the test to wait on);
+``die-holding-locks``: the first process to evict the checkpoint takes every
+multiprocessing lock it can reach (as a rank killed inside a collective or a queue's put
+would hold them) and kills itself (SIGKILL).
+
+    python tests/adversarial/sabotage_run.py ACTION -- restore RESTORE ARGS...
+
+runs `ckptbench restore` instead, with the same actions on its reads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import multiprocessing.queues
+import multiprocessing.synchronize
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -23,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, run_cmd
+from ckptbench.cli import main, restore_cmd, run_cmd
 from ckptbench.formats.manifest import encode_manifest, parse_manifest
 
 
@@ -87,6 +101,18 @@ def _truncate(ckpt: Path, arg: str) -> None:
     os.truncate(path, path.stat().st_size // 2)
 
 
+def _die_holding_locks(_ckpt: Path, _arg: str) -> None:
+    for obj in gc.get_objects():
+        lock = None
+        if isinstance(obj, multiprocessing.synchronize.Condition):
+            lock = obj  # a Barrier's
+        elif isinstance(obj, multiprocessing.queues.Queue):
+            lock = obj._wlock  # type: ignore[attr-defined]
+        if lock is not None:
+            lock.acquire(False)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "manifest-garbage": _write(".metadata", b"\x00\xffnot json{"),
     "manifest-list": _write(".metadata", b"[1, 2]"),
@@ -98,27 +124,56 @@ ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "write": _write("", b"garbage{"),
     "unlink": _unlink,
     "truncate": _truncate,
+    "die-holding-locks": _die_holding_locks,
 }
+IO_ACTIONS = ("hang", "stop", "hang-read", "stop-read")
+
+
+def _block(name: str, flag: Path) -> None:
+    """A call that never returns (hang) or stops its process (stop); the first one says so
+    in `flag`."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    if name.startswith("stop"):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    threading.Event().wait()
+
+
+class _Blocking:
+    """A read handle whose reads after the first block never return (or stop)."""
+
+    def __init__(self, inner: Any, name: str, flag: Path) -> None:
+        self._inner, self._name, self._flag = inner, name, flag
+        self._reads = 0
+
+    def readinto(self, *args: Any) -> Any:
+        self._reads += 1
+        if self._reads > 1:
+            _block(self._name, self._flag)
+        return self._inner.readinto(*args)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
 
 
 class _Hanging:
-    """A write handle whose writes after the first block never return."""
+    """A write handle whose writes after the first block never return (or stop)."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, inner: Any, name: str, flag: Path) -> None:
+        self._inner, self._name, self._flag = inner, name, flag
         self._blocks = 0
 
     def write(self, data: memoryview) -> None:
         self._blocks += 1
         if self._blocks > 1:
-            threading.Event().wait()
+            _block(self._name, self._flag)
         self._inner.write(data)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._inner, attr)
 
 
-def install(action: str, once: Path) -> None:
+def install(action: str, once: Path, flag: Path) -> None:
     name, _, arg = action.partition(":")
     act = ACTIONS.get(name, _unlink)
     open_backend = run_cmd.open_backend
@@ -131,7 +186,7 @@ def install(action: str, once: Path) -> None:
             return getattr(self._inner, attr)
 
         def drop_cache(self, keys: list[str]) -> str:
-            if name == "hang":
+            if name in IO_ACTIONS:
                 return str(self._inner.drop_cache(keys))
             try:  # the first process to get here damages the checkpoint, once
                 os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -144,17 +199,33 @@ def install(action: str, once: Path) -> None:
 
         def open_write(self, key: str, size: int) -> Any:
             handle = self._inner.open_write(key, size)
-            return _Hanging(handle) if name == "hang" and arg in key else handle
+            if name in ("hang", "stop") and arg in key:
+                return _Hanging(handle, name, flag)
+            return handle
+
+        def open_read(self, key: str) -> Any:
+            return self._reading(key, self._inner.open_read(key))
+
+        def open_read_planned(self, key: str, spans: Any) -> Any:
+            return self._reading(key, self._inner.open_read_planned(key, spans))
+
+        def _reading(self, key: str, handle: Any) -> Any:
+            if name in ("hang-read", "stop-read") and arg in key:
+                return _Blocking(handle, name, flag)
+            return handle
 
     def sabotaged(*args: Any, **kwargs: Any) -> Any:
         return Sabotaged(open_backend(*args, **kwargs))
 
     run_cmd.open_backend = sabotaged  # type: ignore[assignment]
+    restore_cmd.open_backend = sabotaged  # type: ignore[assignment]
 
 
 if __name__ == "__main__":
     action, rest = sys.argv[1], sys.argv[2:]
     rest = rest[1:] if rest[:1] == ["--"] else rest
+    command = "restore" if rest[:1] == ["restore"] else "run"
+    rest = rest[1:] if command == "restore" else rest
     results = rest[rest.index("--results") + 1]
-    install(action, Path(results + ".sabotaged"))
-    sys.exit(main(["run", *rest]))
+    install(action, Path(results + ".sabotaged"), Path(results + ".blocked"))
+    sys.exit(main([command, *rest]))

@@ -72,7 +72,7 @@ def run_on_clients(plan: Any, roots: list[Path], io: str, opts: RunOptions,
     records."""
     ctx = mp.get_context("fork")
     n = plan.world_size
-    barrier, inboxes, errors = ctx.Barrier(n), [ctx.Queue() for _ in range(n)], ctx.Queue()
+    barrier, inboxes, errors = ctx.RawValue("b", 0), [ctx.Queue() for _ in range(n)], ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(i, plan, [str(r) for r in roots], io, opts,
                                              os.getpid(), barrier, inboxes, errors,
                                              str(results)), daemon=True) for i in range(n)]

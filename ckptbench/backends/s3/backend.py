@@ -15,12 +15,16 @@ Retries use botocore's ``standard`` mode; each retried request is counted, by re
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
+    NOT_LISTED,
     TARGET_MARKER,
+    UPLOAD_NOT_ABORTED,
     Backend,
     NameTaken,
     ReadHandle,
@@ -73,6 +77,7 @@ class S3Backend(Backend):
         self.max_attempts = o.max_attempts
         self.clients = S3Clients(o, self.hints.threads, self.concurrency)
         self.created_marker = False
+        self.unaborted: set[str] = set()  # keys whose uploads no abort was confirmed for
 
     # --- keys and processes ---
     def _key(self, key: str) -> str:
@@ -91,8 +96,10 @@ class S3Backend(Backend):
         """One line for the usual ways S3 says no (never a key, never a traceback)."""
         resolved = self.clients.resolved
         endpoint = public_endpoint(resolved.endpoint if resolved else self.options.endpoint_url)
+        limits = (f"a lower --s3-concurrency (now {self.concurrency}) or a larger "
+                  f"--s3-max-attempts (now {self.max_attempts})")
         return translate(exc, f"{self.target}: {action}", endpoint or "the default S3 endpoint",
-                         self.bucket, action, self.options.read_timeout)
+                         self.bucket, action, self.options.read_timeout, limits)
 
     @contextlib.contextmanager
     def calls(self, action: str) -> Any:
@@ -183,6 +190,15 @@ class S3Backend(Backend):
                     return False
                 raise
         return True
+
+    def for_parent(self) -> S3Backend:
+        """A view on botocore: obstore's runtime (tokio) does not survive a fork, so a
+        parent that used it could fork no rank that restores through it."""
+        if self.options.transport not in MODULES:
+            return self
+        view = copy.copy(self)
+        view.options = dataclasses.replace(self.options, transport="botocore")
+        return view
 
     # --- data ---
     def open_write(self, key: str, size: int) -> WriteHandle:
@@ -333,8 +349,11 @@ class S3Backend(Backend):
             return None  # cannot say: the caller keeps the run's intent
 
     def abort_uploads(self, keys: Sequence[str]) -> int:
+        """Abort the unfinished uploads of `keys`; those it could not list or abort are
+        remembered for the cleanup record (left_behind), never silently dropped."""
         client = self._cleanup_client()
         aborted = 0
+        self.unaborted.update(keys)
         try:
             for key, upload_id in self._uploads_of(keys):
                 with self.calls(f"abort the upload of {key}"):
@@ -342,7 +361,24 @@ class S3Backend(Backend):
                 aborted += 1
         except BackendError:
             self._proc().count("cleanup_errors")
+            return aborted
+        self.unaborted.difference_update(keys)
         return aborted
+
+    def left_behind(self, prefix: str, limit: int) -> list[str]:
+        """The objects under `prefix`, and the uploads no abort could be confirmed for; a
+        listing that fails is named, not taken for an empty prefix."""
+        base = self._key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        left = [f"{k}{UPLOAD_NOT_ABORTED}" for k in sorted(self.unaborted)
+                if k.startswith(prefix.rstrip("/") + "/")]
+        try:
+            with self.calls(f"list {prefix}"):
+                listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
+                                                                 MaxKeys=limit)
+        except BackendError as exc:
+            return [*left, f"{prefix}/{NOT_LISTED}{exc})"][:limit]
+        return [*[o["Key"][strip:] for o in listing.get("Contents", [])], *left][:limit]
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
         base = self._key(prefix).rstrip("/") + "/"

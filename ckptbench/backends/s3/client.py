@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from ckptbench.backends.s3.errors import count_attempt, note_retry_reason
 from ckptbench.backends.s3.options import S3Options
+from ckptbench.backends.s3.window import Window
 
 STAT_KEYS = ("requests", "retries", "retries_throttle", "retries_server", "retries_connection",
              "retries_other", "cleanup_errors")
@@ -52,6 +53,7 @@ class ProcessState:
         self.counters: collections.Counter[str] = collections.Counter()
         self.buffers: list[bytearray] = []
         self.dead = False  # the endpoint stopped answering: cleanup tries once, quickly
+        self.window = Window()  # parts in flight, narrowed while the endpoint pushes back
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -175,8 +177,11 @@ class S3Clients:
         events = client.meta.events
         sign_in_python(events)
         events.register("needs-retry.s3", note_retry_reason)
-        events.register("request-created.s3",
-                        lambda request, **kw: count_attempt(proc.count_each, request))
+
+        def created(request: Any, **_: Any) -> None:
+            if count_attempt(proc.count_each, request) in ("connection", "throttle"):
+                proc.window.congested()
+        events.register("request-created.s3", created)
         return client
 
 

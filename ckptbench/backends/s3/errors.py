@@ -29,9 +29,10 @@ def public_endpoint(url: str | None) -> str | None:
 
 
 def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
-              action: str, read_timeout: float) -> BackendError:
+              action: str, read_timeout: float, limits: str = "") -> BackendError:
     """One line for the usual ways S3 says no (never a key, never a traceback); `where`
-    is 'target: action', `endpoint` already public."""
+    is 'target: action', `endpoint` already public. `limits`: the options that size the
+    load (named when the endpoint gave up under it: throttling, connections lost)."""
     from botocore.exceptions import (
         ClientError,
         ConnectTimeoutError,
@@ -63,8 +64,8 @@ def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
                                 f"`mc mb ALIAS/{bucket}`")
         if code in THROTTLE or status == 429:
             return BackendError(f"{where}: the endpoint kept throttling ({code or status}) on "
-                                "every attempt; allowed: fewer ranks/threads or a larger "
-                                "--s3-max-attempts")
+                                f"every attempt; allowed: fewer ranks/threads"
+                                + (f", {limits}" if limits else ""))
         if status and status >= 500:
             return BackendError(f"{where}: server error {status} {code} on every attempt at "
                                 f"{endpoint}")
@@ -81,7 +82,8 @@ def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
     name = type(exc).__name__
     if is_connection_error(exc):
         return BackendError(f"{where}: connection to {endpoint} lost ({name}) on every "
-                            "attempt")
+                            "attempt (an endpoint overloaded, or one that went away)"
+                            + (f"; allowed: {limits}" if limits else ""))
     return BackendError(f"{where}: {name}: {str(exc)[:200]}")
 
 
@@ -129,11 +131,14 @@ def note_retry_reason(response: Any = None, caught_exception: Any = None,
     request_dict.setdefault("context", {})["ckptbench_retry"] = reason
 
 
-def count_attempt(count: Callable[..., None], request: Any) -> None:
-    """request-created: once per attempt; attempt > 1 is a retry (counted by reason)."""
+def count_attempt(count: Callable[..., None], request: Any) -> str | None:
+    """request-created: once per attempt; attempt > 1 is a retry (counted by reason).
+    Returns the reason of a retry (None for a first attempt)."""
     context = getattr(request, "context", {}) or {}
     attempt = context.get("retries", {}).get("attempt", 1)
     if attempt <= 1:
         count("requests")
-    else:
-        count("retries", f"retries_{context.get('ckptbench_retry') or 'other'}")
+        return None
+    reason = str(context.get("ckptbench_retry") or "other")
+    count("retries", f"retries_{reason}")
+    return reason

@@ -42,9 +42,13 @@ class S3Options(BackendOptions):
     payload_signing: str = field(default="auto", metadata=option(
         "--s3-payload-signing", "SHA-256 of each S3 body in the signature (auto: botocore's "
         "choice, on over http).", choices=PAYLOAD_SIGNING))
-    max_attempts: int = field(default=3, metadata=option(  # botocore standard: 1 try + 2 retries
-        "--s3-max-attempts", "S3 attempts per request (botocore standard retry mode).",
-        minimum=1))
+    # botocore standard mode: 1 try + 5 retries, each after a jittered exponential backoff
+    # (up to 1, 2, 4, 8, 16 s): a loaded endpoint that closes connections or says SlowDown
+    # gets time to recover instead of failing the run (3 attempts failed 8-rank runs on a
+    # loaded 2-core MinIO; benchmarks/results/2026-12-s3-under-load.md)
+    max_attempts: int = field(default=6, metadata=option(
+        "--s3-max-attempts", "S3 attempts per request (botocore standard retry mode: "
+        "jittered exponential backoff between them).", minimum=1))
     create_bucket: bool = field(default=False, metadata=option(
         "--create-bucket", "Make the target's bucket when it does not exist (it is kept "
         "afterwards; without this flag a missing bucket is an error).", switch=True))

@@ -1,0 +1,56 @@
+"""How many requests one process keeps in flight to an endpoint that is struggling.
+
+A loaded endpoint (a MinIO on a busy 2-core machine) answers too many concurrent parts by
+closing connections or with SlowDown; botocore's retries back off per request, but every
+other part keeps pushing. So the process's window of parts in flight halves on each
+retried connection loss or throttle and grows back by about one part per window of
+parts stored (additive increase, multiplicative decrease, as TCP does), up to what the
+options allow. Only this process's threads wait on it: a plain threading lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+class Window:
+    """Parts in flight in this process: unlimited (the options' bound applies) until the
+    endpoint pushes back."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._limit: float | None = None
+        self._in_flight = 0
+        self.peak = 0  # the most parts in flight at once: where growth stops limiting
+
+    @property
+    def limit(self) -> float | None:
+        return self._limit
+
+    def congested(self) -> None:
+        """A connection lost or a throttle: half the parts in flight (at least one)."""
+        with self._cond:
+            base = self._limit if self._limit is not None else max(self._in_flight, 1)
+            self._limit = max(1.0, base / 2)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cond:
+            while self._limit is not None and self._in_flight >= int(self._limit):
+                self._cond.wait(1.0)
+            self._in_flight += 1
+            self.peak = max(self.peak, self._in_flight)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                if ok and self._limit is not None:
+                    self._limit += 1 / self._limit
+                    if self._limit > self.peak:
+                        self._limit = None  # back to the options' bound
+                self._cond.notify_all()
