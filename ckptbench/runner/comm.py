@@ -126,3 +126,13 @@ class ProcessComm(Comm):
 
     def abort(self, code: int = 1) -> None:
         self._aborted.value = 1
+
+    def close(self, ok: bool) -> None:
+        """Before this process exits: a collective's last messages (a bcast) must reach the
+        peers, or one waits for them until COMM_TIMEOUT_S; after a failure they are
+        dropped (a peer gone would never read them, and the flush would block)."""
+        for box in self._inboxes:
+            box.close()
+            if not ok:
+                box.cancel_join_thread()
+            box.join_thread()

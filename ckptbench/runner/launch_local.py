@@ -127,11 +127,7 @@ def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: li
         comm.abort()
         code = 1
     finally:
-        for q in inboxes:  # a collective's last messages (a bcast) must reach the peers,
-            q.close()      # unless the run failed: a peer gone would never read them
-            if code:
-                q.cancel_join_thread()
-            q.join_thread()
+        comm.close(ok=code == 0)
         for q in (records, errors):
             q.close()
             q.join_thread()  # the messages must reach the parent before _exit

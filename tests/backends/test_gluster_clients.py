@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -61,6 +62,7 @@ def _rank(index: int, plan: Any, roots: list[str], io: str, opts: RunOptions, pa
     finally:
         if sink is not None:
             sink.close()
+        comm.close(ok=code == 0)  # the last bcast must reach the peers before _exit
         errors.close()
         errors.join_thread()
     os._exit(code)
@@ -78,12 +80,18 @@ def run_on_clients(plan: Any, roots: list[Path], io: str, opts: RunOptions,
                                              str(results)), daemon=True) for i in range(n)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + 300
     for p in procs:
-        p.join(timeout=300)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    codes = [p.exitcode for p in procs]  # None: still running at the deadline
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join()
     failures = []
     while not errors.empty():
         failures.append(errors.get())
-    assert all(p.exitcode == 0 for p in procs) and not failures, failures
+    assert codes == [0] * n and not failures, (codes, failures)
     return [json.loads(line) for line in results.read_text().splitlines()]
 
 
