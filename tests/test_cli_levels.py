@@ -45,6 +45,23 @@ def test_the_llama3_classes_are_the_419_interruptions_of_54_days() -> None:
     assert process + node + rest == pytest.approx(419)
 
 
+@pytest.mark.parametrize(("preset", "per_1k_node_days"), [("rsc1", 6.50), ("rsc2", 2.34)])
+def test_the_rsc_classes_are_the_papers_node_failure_rates(preset: str,
+                                                            per_1k_node_days: float) -> None:
+    """Kokolis et al.: failures per 1,000 node-days, all taking their node: a copy in node
+    memory never survives them, a peer copy does."""
+    _, classes = fc.CLASS_PRESETS[preset]
+    nodes = 2048  # 16,384 GPUs, 8 per node
+    per_day = fc.severity_rates(["job"], classes, 16_384, 8)[0] * 86_400
+    assert per_day == pytest.approx(per_1k_node_days * nodes / 1000)
+    memory, peer = fc.severity_rates(["process", "node"], classes, 16_384, 8)
+    assert memory == 0 and peer * 86_400 == pytest.approx(per_day)
+    r = levels(*THREE, "--failure-classes", preset, "--gpus", "16384", "--json", *NO_RESTART)
+    assert r.returncode == 0, r.stderr
+    rates = [x["failure_rate_per_s"] for x in json.loads(r.stdout)["levels"]]
+    assert rates[0] == 0 and rates[1] * 86_400 == pytest.approx(per_day)
+
+
 def test_json_gives_the_optimum_the_named_schedule_and_storage_alone() -> None:
     r = levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--schedule", "5min:3,5",
                "--json", *NO_RESTART)
