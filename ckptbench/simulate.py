@@ -16,6 +16,14 @@ latest checkpoint of the cheapest level that survives it; the run rolls back to 
 checkpoint and restores from its level. A restore from level k hit by a lesser failure
 starts again; one hit by a failure of level k (below the top) or above falls back to the
 next level up, or to the failure's own level.
+
+Restarts onto fewer nodes: a failure that takes nodes may find no spare (each class says
+how often: ``Failures.no_spare``); the job then restarts on the nodes it has left and
+reads a resharded restore plan, which costs ``reshard_extra_s[k]`` more than level k's
+restore (the DCP restore plan of the smaller layout: ``ckptbench restore
+--restore-world-size`` measures it). The smaller job's slower steps until nodes come back
+are not modelled. With no spare missing the run is the model's exactly; otherwise the
+model's efficiency is not given for comparison (its restores have one cost per level).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptbench.cadence.formulas import positive
+from ckptbench.cadence.formulas import non_negative, positive
 from ckptbench.cadence.multilevel import Level, Schedule, efficiency
 from ckptbench.errors import SpecError
 
@@ -42,6 +50,12 @@ class Failures:
     name: str
     rate_per_s: float
     level: int
+    no_spare: float = 0.0  # the share of these failures that restart onto fewer nodes
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.no_spare <= 1.0:
+            raise SpecError(f"failure class {self.name}: the share without a spare "
+                            f"{self.no_spare:g} is not a probability; allowed: 0 to 1")
 
 
 @dataclass(frozen=True)
@@ -84,7 +98,8 @@ class Simulated:
 class _Plan:
     """The schedule as arrays: which level each segment ends with, and saves so far."""
 
-    def __init__(self, levels: Sequence[Level], schedule: Schedule) -> None:
+    def __init__(self, levels: Sequence[Level], schedule: Schedule,
+                 reshard_extra_s: Sequence[float]) -> None:
         self.top = len(levels) - 1
         period = [1]
         for v in schedule.counts:
@@ -95,6 +110,11 @@ class _Plan:
         self.step = np.diff(self.save, prepend=0.0)
         self.restore = np.array([lv.restore_s for lv in levels])
         self.persist = np.array([lv.persist_s for lv in levels])
+        if reshard_extra_s and len(reshard_extra_s) != len(levels):
+            raise SpecError(f"{len(reshard_extra_s)} resharded restore costs for "
+                            f"{len(levels)} levels; allowed: one per level")
+        self.reshard = np.array([non_negative("resharded restore", x)
+                                 for x in reshard_extra_s] or [0.0] * len(levels))
         self.t = schedule.compute_s
 
     def level_at(self, segment: np.ndarray) -> np.ndarray:
@@ -112,10 +132,11 @@ class _Plan:
 
 def simulate(levels: Sequence[Level], failures: Sequence[Failures], schedule: Schedule,
              wall_s: float, replicas: int = 1000, seed: int = 0, shape: float = 1.0,
-             pool: bool = True) -> Simulated:
+             pool: bool = True, reshard_extra_s: Sequence[float] = ()) -> Simulated:
     """Simulate `replicas` runs of `wall_s` seconds each under one schedule (a seed makes
     it reproducible). `pool`: exponential classes share one clock (the same process,
-    faster); False gives each class its own clock, as Weibull classes always have."""
+    faster); False gives each class its own clock, as Weibull classes always have.
+    `reshard_extra_s`: per level, what a restore onto fewer nodes costs more."""
     wall_s = positive("--days", wall_s)
     positive("--weibull-shape", shape)
     if not 1 <= replicas <= MAX_REPLICAS:
@@ -126,8 +147,8 @@ def simulate(levels: Sequence[Level], failures: Sequence[Failures], schedule: Sc
             raise SpecError(f"failure class {f.name}: level {f.level} is not one of the "
                             f"{len(levels)} levels")
         rates[f.level] += f.rate_per_s
-    analytic = efficiency(levels, rates, schedule)  # validates levels and schedule too
-    plan = _Plan(levels, schedule)
+    analytic: float | None = efficiency(levels, rates, schedule)  # validates levels and schedule too
+    plan = _Plan(levels, schedule, reshard_extra_s)
     shortest = schedule.compute_s + min(plan.save)
     steps = replicas * (wall_s / shortest + wall_s * sum(rates) * 4 + 1)
     if steps > MAX_STEPS:
@@ -138,7 +159,24 @@ def simulate(levels: Sequence[Level], failures: Sequence[Failures], schedule: Sc
     class_rate = np.array([f.rate_per_s for f in failures], dtype=float)
     clocks = _Clocks(class_rate, shape, np.random.default_rng(seed), pool)
     severity = np.array([f.level for f in failures], dtype=np.int64)
-    return _run(plan, severity, clocks, wall_s, replicas, failures, analytic)
+    # draws of their own, so that runs with and without missing spares share failures
+    spares = _Spares(np.array([f.no_spare for f in failures]), np.random.default_rng([seed, 1]))
+    if spares.any and plan.reshard.any():
+        analytic = None
+    return _run(plan, severity, clocks, spares, wall_s, replicas, failures, analytic)
+
+
+class _Spares:
+    """Which failures find no spare and restart onto fewer nodes."""
+
+    def __init__(self, no_spare: np.ndarray, rng: np.random.Generator) -> None:
+        self.no_spare, self.rng = no_spare, rng
+        self.any = bool((no_spare > 0).any())
+
+    def missing(self, classes: np.ndarray) -> np.ndarray:
+        p = self.no_spare[classes]
+        missing: np.ndarray = (p >= 1.0) | (self.rng.random(classes.size) < p)
+        return missing
 
 
 class _Persists:
@@ -211,25 +249,24 @@ class _Clocks:
                                           side="right"), self.cumulative.size - 1)
 
 
-def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: int,
-         failures: Sequence[Failures], analytic: float) -> Simulated:
+def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, spares: _Spares,
+         wall_s: float, n: int, failures: Sequence[Failures],
+         analytic: float | None) -> Simulated:
     rows = np.arange(n)
-    clock = np.zeros(n)
-    segment = np.zeros(n, dtype=np.int64)
+    clock, rework, restore, count = (np.zeros(n) for _ in range(4))
+    segment, from_level, cause = (np.zeros(n, dtype=np.int64) for _ in range(3))
     latest = np.zeros((n, plan.top + 1), dtype=np.int64)  # latest checkpoint of level >= k
-    restoring = np.zeros(n, dtype=bool)
-    from_level = np.zeros(n, dtype=np.int64)
-    cause = np.zeros(n, dtype=np.int64)
+    # restoring, and onto fewer nodes (a resharded plan)
+    restoring, fewer = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     next_failure = clocks.start(n)
-    rework = np.zeros(n)
-    restore = np.zeros(n)
     by_class = np.zeros(len(failures))
-    count = np.zeros(n)
     live = np.ones(n, dtype=bool)
     persists = _Persists(plan.persist, n)
     while live.any():
         due = plan.level_at(segment + 1)
-        length = np.where(restoring, plan.restore[from_level], plan.t + plan.save[due])
+        length = np.where(restoring, plan.restore[from_level]
+                          + np.where(fewer, plan.reshard[from_level], 0.0),
+                          plan.t + plan.save[due])
         end = clock + length
         first = next_failure.argmin(axis=1)
         strike = next_failure[rows, first]
@@ -250,6 +287,7 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
         by_class += np.bincount(cause[finished], weights=length[finished],
                                 minlength=len(failures))
         restoring &= ~finished
+        fewer &= restoring
         clock = np.where(done, end, clock)
         if fail.any():
             idx = np.flatnonzero(fail)
@@ -282,6 +320,8 @@ def _run(plan: _Plan, severity: np.ndarray, clocks: _Clocks, wall_s: float, n: i
                                    latest[idx])
             from_level[idx] = np.where(back, plan.level_at(target), k)
             restoring[idx] = True
+            if spares.any:  # a restore started again keeps its layout; a new failure may shrink it
+                fewer[idx] = (fewer[idx] & was_restoring) | spares.missing(c)
             cause[idx] = c
             clock[idx] = t_fail
     # the run ends at wall_s in the middle of a phase: compute done so far counts as work

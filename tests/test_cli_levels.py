@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,23 @@ def test_the_llama3_classes_are_the_419_interruptions_of_54_days() -> None:
     process, node, rest = (r * 54 * 86_400 for r in by_level)
     assert process == pytest.approx(61) and rest == pytest.approx(37)
     assert process + node + rest == pytest.approx(419)
+
+
+@pytest.mark.parametrize(("preset", "per_1k_node_days"), [("rsc1", 6.50), ("rsc2", 2.34)])
+def test_the_rsc_classes_are_the_papers_node_failure_rates(preset: str,
+                                                            per_1k_node_days: float) -> None:
+    """Kokolis et al.: failures per 1,000 node-days, all taking their node: a copy in node
+    memory never survives them, a peer copy does."""
+    _, classes = fc.CLASS_PRESETS[preset]
+    nodes = 2048  # 16,384 GPUs, 8 per node
+    per_day = fc.severity_rates(["job"], classes, 16_384, 8)[0] * 86_400
+    assert per_day == pytest.approx(per_1k_node_days * nodes / 1000)
+    memory, peer = fc.severity_rates(["process", "node"], classes, 16_384, 8)
+    assert memory == 0 and peer * 86_400 == pytest.approx(per_day)
+    r = levels(*THREE, "--failure-classes", preset, "--gpus", "16384", "--json", *NO_RESTART)
+    assert r.returncode == 0, r.stderr
+    rates = [x["failure_rate_per_s"] for x in json.loads(r.stdout)["levels"]]
+    assert rates[0] == 0 and rates[1] * 86_400 == pytest.approx(per_day)
 
 
 def test_json_gives_the_optimum_the_named_schedule_and_storage_alone() -> None:
@@ -143,6 +161,33 @@ def test_simulate_text_and_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, "simulate", *THREE, "--failure-classes", "llama3", "--gpus",
                          "1024", "--days", "3650", "--replicas", "100000")
     assert "events" in err and "fewer replicas or a shorter run" in err
+
+
+def _simulated(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
+    rc = main(["simulate", *THREE, "--failure-classes", "llama3", "--gpus", "16384", "--days",
+               "5", "--replicas", "50", "--schedule", "10min:2,6", "--json", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def test_restarts_onto_fewer_nodes_cost_the_resharded_restore(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No spare for node and group failures: their restores take FACTOR times as long;
+    a factor of 1 (or no share) is the plain run, failure for failure."""
+    plain = _simulated(capsys)
+    assert _simulated(capsys, "--fewer-nodes", "0.5:1")["goodput_mean"] == plain["goodput_mean"]
+    assert _simulated(capsys, "--fewer-nodes", "0:3")["goodput_mean"] == plain["goodput_mean"]
+    fewer = _simulated(capsys, "--fewer-nodes", "1:3")
+    assert fewer["lost"]["restore"] > plain["lost"]["restore"]
+    assert fewer["goodput_mean"] < plain["goodput_mean"] and fewer["analytic_efficiency"] is None
+    # software faults (process scope) lose no node: charged no more than before
+    assert fewer["lost_by_class"]["software bug"] == pytest.approx(
+        plain["lost_by_class"]["software bug"], rel=0.05)
+    for bad in ("2:1.5", "0.5", "0.5:0.9", "x:y", "0.5:inf"):
+        assert "--fewer-nodes" in one_line_error(capsys, "simulate", *THREE, "--failure-classes",
+                                                 "llama3", "--gpus", "1024", "--fewer-nodes", bad)
 
 
 def test_restarts_are_added_by_the_mechanism_of_each_failures_scope() -> None:

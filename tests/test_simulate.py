@@ -103,3 +103,44 @@ def test_a_failure_during_a_persist_loses_that_checkpoint() -> None:
     assert runs[200.0].mean < runs[0.0].mean - 0.01
     for run in runs.values():
         assert run.analytic is not None and abs(run.mean - run.analytic) < 0.005
+
+
+def _shrinking(share: float, software: float = 0.0) -> list[Failures]:
+    """Node and switch failures find no spare `share` of the time; software failures
+    `software` of the time (none: they lose no node)."""
+    return [Failures(f.name, f.rate_per_s, f.level, software if f.level == 0 else share)
+            for f in CLASSES]
+
+
+RESHARD = [0.0, 45.0, 300.0]  # per level: what the resharded restore costs more
+
+
+def test_a_restart_onto_fewer_nodes_pays_the_resharded_restore() -> None:
+    """Without missing spares the run is the same failure for failure; when no failure
+    finds one, it is the run whose restores all cost the resharded plan (the spares have
+    their own random draws)."""
+    schedule = Schedule(300.0, (2, 4))
+    run = {share: simulate(THREE, _shrinking(share), schedule, 10 * DAY, replicas=200, seed=21,
+                           reshard_extra_s=RESHARD) for share in (0.0, 0.5, 1.0)}
+    plain = simulate(THREE, CLASSES, schedule, 10 * DAY, replicas=200, seed=21)
+    assert run[0.0].goodput == plain.goodput and run[0.0].analytic == plain.analytic
+    slower = [Level(lv.name, lv.save_s, lv.restore_s + extra)
+              for lv, extra in zip(THREE, RESHARD, strict=True)]
+    every = simulate(THREE, _shrinking(1.0, software=1.0), schedule, 10 * DAY, replicas=200,
+                     seed=21, reshard_extra_s=RESHARD)
+    assert every.goodput == simulate(slower, CLASSES, schedule, 10 * DAY, replicas=200,
+                                     seed=21).goodput
+    assert run[1.0].analytic is None
+    assert run[1.0].mean < run[0.5].mean < run[0.0].mean
+    assert run[1.0].restore > run[0.0].restore
+
+
+def test_a_share_without_spares_must_be_a_probability() -> None:
+    with pytest.raises(SpecError, match="not a probability"):
+        Failures("node", 1 / HOUR, 1, 1.5)
+    with pytest.raises(SpecError, match="one per level"):
+        simulate(THREE, CLASSES, Schedule(300.0, (2, 4)), DAY, replicas=2,
+                 reshard_extra_s=[1.0])
+    with pytest.raises(SpecError, match="resharded restore"):
+        simulate(THREE, CLASSES, Schedule(300.0, (2, 4)), DAY, replicas=2,
+                 reshard_extra_s=[0.0, -1.0, 0.0])

@@ -70,12 +70,32 @@ LLAMA3_CAUSES: tuple[tuple[str, int, str], ...] = (
     ("IO expansion board", 2, "node"), ("dependency", 2, "job"), ("CPU", 2, "node"),
     ("system memory", 2, "node"),
 )
+# Kokolis et al. 2024, "Revisiting Reliability in Large-Scale Machine Learning Research
+# Clusters" (Meta; HPCA 2025): 11 months of two clusters of 8-GPU A100 nodes, with the
+# rate of failures per 1,000 node-days. The rate counts node failures (what their health
+# checks attribute to a node), so every failure is given the node as its scope; the
+# paper publishes no split of these rates by reach that a process or group class could
+# take. (Its job-level MTTF, 1.8 h at 16,384 GPUs, is the job preset `rsc1` of cadence.)
+HOURS_PER_DAY = 24
+RSC_NODE_FAILURES_PER_1K_NODE_DAYS = {"rsc1": ("RSC-1, 16k A100", 6.50),
+                                      "rsc2": ("RSC-2, 8k A100", 2.34)}
+
+
+def _rsc_preset(name: str) -> tuple[str, tuple[FailureClass, ...]]:
+    cluster, per_1k_node_days = RSC_NODE_FAILURES_PER_1K_NODE_DAYS[name]
+    source = (f"Kokolis et al. 2024 (Meta {cluster}): {per_1k_node_days} node failures per "
+              "1k node-days, all of node scope (the paper does not split them by reach)")
+    rate = per_1k_node_days / 1000 / HOURS_PER_DAY
+    return source, (FailureClass(f"{name} node failure", "node", rate, "host"),)
+
+
 CLASS_PRESETS: dict[str, tuple[str, tuple[FailureClass, ...]]] = {
     "llama3": (
         "Llama 3 Herd of Models (Meta, 2024): 419 unexpected interruptions in 54 days on "
         "16,384 H100, per cause; each cause's scope assumed (docs/cadence.md)",
         tuple(FailureClass(name, scope, count / LLAMA3_HOURS)
               for name, count, scope in LLAMA3_CAUSES)),
+    **{name: _rsc_preset(name) for name in RSC_NODE_FAILURES_PER_1K_NODE_DAYS},
 }
 
 

@@ -5,6 +5,7 @@ form and simulated."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -219,6 +220,23 @@ def _plot_levels(path: Path, force: bool, job: _Job, result: ml.LevelsAnswer) ->
         if len(job.levels) > 1 else None, title), path, force)
 
 
+NODE_LOSING_SCOPES = ("node", "group")
+
+
+def _fewer_nodes(text: str | None) -> tuple[float, float]:
+    if text is None:
+        return 0.0, 1.0
+    share_text, _, factor_text = text.partition(":")
+    try:
+        share, factor = float(share_text), float(factor_text)
+    except ValueError:
+        share = factor = math.nan
+    if not (0.0 <= share <= 1.0 and 1.0 <= factor < math.inf):
+        raise SpecError(f"--fewer-nodes {text!r}: allowed: SHARE:FACTOR with SHARE from 0 to 1 "
+                        "and FACTOR at least 1, e.g. 0.3:1.865")
+    return share, factor
+
+
 @click.command("simulate", epilog=_epilog("simulate"))
 @_job_options
 @click.option("--days", type=float, default=54.0, show_default=True,
@@ -229,16 +247,27 @@ def _plot_levels(path: Path, force: bool, job: _Job, result: ml.LevelsAnswer) ->
 @click.option("--weibull-shape", type=float, default=1.0, show_default=True,
               help="Shape of the time between failures of each class (1: exponential; < 1: "
                    "failures cluster).")
+@click.option("--fewer-nodes", "fewer_text", metavar="SHARE:FACTOR",
+              help="Restarts onto fewer nodes: the SHARE (0-1) of node and group failures "
+                   "that find no spare restart on the nodes left and read a resharded restore "
+                   "plan, FACTOR times as long as the level's own restore (the plan's "
+                   "amplification: `ckptbench restore --restore-world-size` measures it).")
 def simulate_command(**options: Any) -> None:
     """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
     goodput over replicas and the time lost by cause and by failure class."""
     job = _job(options)
     schedule = job.schedule or ml.optimum(job.levels, job.rates).schedule
     needs = fc.assign(job.scopes, job.classes)
-    failures = [Failures(c.name, c.per_second(job.gpus, job.gpus_per_node), level)
+    share, factor = _fewer_nodes(options["fewer_text"])
+    failures = [Failures(c.name, c.per_second(job.gpus, job.gpus_per_node), level,
+                         share if c.scope in NODE_LOSING_SCOPES else 0.0)
                 for c, level in zip(job.classes, needs, strict=True)]
+    # the copy's restore (the level's restore less its restart) takes FACTOR times as long
+    extra = [(factor - 1.0) * (lv.restore_s - r) for lv, r in zip(job.levels, job.restart_s,
+                                                                   strict=True)]
     run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
-                   options["replicas"], options["seed"], options["weibull_shape"])
+                   options["replicas"], options["seed"], options["weibull_shape"],
+                   reshard_extra_s=extra)
     if options["plot"] is not None:
         title = (f"{run.replicas} runs of {options['days']:g} days, {job.gpus} GPUs\n"
                  f"{_describe(schedule, job.levels)}")
