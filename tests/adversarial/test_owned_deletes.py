@@ -71,15 +71,19 @@ def test_a_link_planted_before_the_run_makes_its_checkpoint_fails_it_and_deletes
     assert (_run_dir(tmp_path / "t") / "checkpoint-2").is_symlink()
 
 
+SCHEMES = ["", "local://"]  # the local backend; fsspec's local file system
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=["local", "fsspec-local"])
 @pytest.mark.parametrize("action", ["swap", "plain"])
 def test_a_checkpoint_swapped_after_its_commit_loses_nothing_of_the_other(
-        tmp_path: Path, action: str) -> None:
+        tmp_path: Path, action: str, scheme: str) -> None:
     """After the commit, the run's checkpoint directory is moved aside and a link to v (or
     a planted directory with files of the same names) put in its place: the cleanup
-    deletes only in the directory the run created."""
+    deletes only in the directory the run created (through either backend)."""
     v = _victim(tmp_path)
     target = tmp_path / "t"
-    r = _hooked(f"{action}:{v}", tmp_path, "--target", str(target), "--iterations", "1")
+    r = _hooked(f"{action}:{v}", tmp_path, "--target", f"{scheme}{target}", "--iterations", "1")
     assert "Traceback" not in r.stderr, r.stderr
     _intact(v)
     ckpt = _run_dir(target) / "checkpoint-1"
@@ -91,14 +95,15 @@ def test_a_checkpoint_swapped_after_its_commit_loses_nothing_of_the_other(
         assert ckpt.is_symlink()
 
 
+@pytest.mark.parametrize("scheme", SCHEMES, ids=["local", "fsspec-local"])
 @pytest.mark.parametrize("action", ["swap", "plain"])
-def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path,
-                                                              action: str) -> None:
+def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path, action: str,
+                                                              scheme: str) -> None:
     """A killed run's checkpoint-1 replaced by a link to v (or a planted directory):
     --clean-debris removes the run's own files and leaves those."""
     v = _victim(tmp_path)
     target = tmp_path / "t"
-    r = _hooked("kill:1", tmp_path, "--target", str(target), "--iterations", "2")
+    r = _hooked("kill:1", tmp_path, "--target", f"{scheme}{target}", "--iterations", "2")
     assert r.returncode == -9, r.stderr
     debris = _run_dir(target)
     ckpt = debris / "checkpoint-1"
@@ -109,7 +114,7 @@ def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path,
         ckpt.mkdir()
         for name in VICTIM_FILES:
             (ckpt / name).write_text(f"the user's {name}")
-    c = run("run", str(TINY), "--target", str(target), "--clean-debris",
+    c = run("run", str(TINY), "--target", f"{scheme}{target}", "--clean-debris",
             "--results", str(tmp_path / "c.jsonl"), cwd=tmp_path)
     assert c.returncode == 0, c.stderr
     _intact(v if action == "swap" else ckpt)
