@@ -279,6 +279,15 @@ def with_restore(workload: Workload, overrides: Mapping[str, int], option: str) 
     return replace(workload, restore=restore)
 
 
+def with_restore_layout(workload: Workload, world_size: int | None,
+                        layout: str | None) -> Workload:
+    """The workload with the restore layout options given applied (checked, one line)."""
+    overrides = parse_layout_overrides(layout) if layout else {}
+    if world_size is not None:
+        overrides["world_size"] = world_size
+    return with_restore(workload, overrides, "--restore-layout" if layout else "--restore-world-size")
+
+
 def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[str, int]:
     """'world_size=6,tp=2' -> {'world_size': 6, 'tp': 2} (keys of [restore])."""
     out: dict[str, int] = {}
@@ -335,8 +344,10 @@ def _check_layout(spec: ParallelSpec, model: ModelSpec, section: str) -> Paralle
 def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     """Validate a workload given as nested tables (what TOML parsing gives)."""
     for section in data:
+        if section == "run":
+            continue  # the run options: checked by ckptbench.runspec, not part of the workload
         if section not in _SECTIONS:
-            raise SpecError(f"unknown table [{section}]; allowed: {allowed(_SECTIONS)}")
+            raise SpecError(f"unknown table [{section}]; allowed: {allowed([*_SECTIONS, 'run'])}")
         if not isinstance(data[section], Mapping):
             raise SpecError(f"[{section}] must be a table")
     meta = data.get("workload", {})
