@@ -16,14 +16,13 @@ key and a flag get the same one-line errors.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import SpecError
-from ckptbench.fields import allowed, read_small_text, shown
+from ckptbench.fields import allowed, read_toml, shown
 from ckptbench.formats import FORMATS
 from ckptbench.jobmodel import MIN_SAMPLES
 from ckptbench.mlperf import CHECKPOINTS
@@ -330,11 +329,7 @@ class BenchmarkFile:
 
 def read_benchmark_file(path: str | Path) -> BenchmarkFile:
     path = Path(path)
-    text = read_small_text(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload or benchmark file")
     table = data.get("run", {})
     if not isinstance(table, dict):
         raise SpecError(f"{path}: [run] must be a table")

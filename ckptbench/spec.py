@@ -8,14 +8,13 @@ processes or clocks. Every validation error names the TOML key and what is allow
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import SpecError
-from ckptbench.fields import allowed, choice_field, int_field, read_small_text, shown
+from ckptbench.fields import allowed, choice_field, int_field, read_toml, shown
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -415,11 +414,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)
-    text = read_small_text(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
     try:
         return parse_workload(data, name=path.stem)
     except SpecError as exc:

@@ -2,7 +2,8 @@
 (or its own step), and no modules import each other in a cycle.
 
 workload -> plan -> payload -> backend I/O -> formats -> records -> runner -> report ->
-cadence -> measure -> cli. Every import counts, at the top of a module or inside a
+cadence -> simulate -> runspec, replay -> measure -> testing -> cli. A module uses no other
+module's private (`_name`) members. Every import counts, at the top of a module or inside a
 function (imports done lazily are still dependencies).
 """
 
@@ -64,6 +65,15 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
+def import_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` names (relative imports resolved)."""
+    base = node.module or ""
+    if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                        + ([base] if base else []))
+    return base
+
+
 def imports(module: str, runtime_only: bool = False) -> set[str]:
     """Package modules `module` imports (a name imported from a package counts as the
     submodule when it is one); `runtime_only`: without those under TYPE_CHECKING."""
@@ -77,10 +87,7 @@ def imports(module: str, runtime_only: bool = False) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("ckptbench")}
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
+            base = import_base(node, package)
             if not base.startswith("ckptbench"):
                 continue
             for a in node.names:
@@ -149,10 +156,7 @@ def private_uses(module: str, source: str | None = None) -> list[str]:
     out: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
+            base = import_base(node, package)
             if not base.startswith("ckptbench"):
                 continue
             for a in node.names:
