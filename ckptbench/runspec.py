@@ -329,7 +329,7 @@ class BenchmarkFile:
 
 def read_benchmark_file(path: str | Path) -> BenchmarkFile:
     path = Path(path)
-    data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload or benchmark file")
+    data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
     table = data.get("run", {})
     if not isinstance(table, dict):
         raise SpecError(f"{path}: [run] must be a table")
