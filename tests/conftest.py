@@ -87,9 +87,6 @@ def gluster_dir(gluster, request):
 
 
 # --- the quick subset (`pytest -m quick`, tests/quick.py) ---
-QUICK_COLLECTED = pytest.StashKey[list]()
-
-
 def _whole_suite(config: pytest.Config) -> bool:
     """The session collects every test (no file or directory narrowed it down)."""
     given = {Path(a.split("::")[0]).resolve() for a in config.args}
@@ -109,7 +106,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.quick)
     if not _whole_suite(config):
         return
-    config.stash[QUICK_COLLECTED] = collected
+    config.stash[quick.COLLECTED] = collected
     if "quick" in (config.getoption("markexpr") or ""):
         problems = quick.uncovered(collected)
         if problems:

@@ -9,14 +9,13 @@ import sys
 import pytest
 
 from tests import quick
-from tests.conftest import QUICK_COLLECTED, ROOT
 
 
 def _collected(config: pytest.Config) -> list[tuple[str, tuple[str, ...]]]:
     """Every test of the suite with its fixtures: this session's collection when it was
     the whole suite, else a collection of the whole suite in a subprocess."""
-    if QUICK_COLLECTED in config.stash:
-        return config.stash[QUICK_COLLECTED]
+    if quick.COLLECTED in config.stash:
+        return config.stash[quick.COLLECTED]
     code = ("import sys, pytest\n"
             "class P:\n"
             "    def pytest_collection_finish(self, session):\n"
@@ -24,7 +23,7 @@ def _collected(config: pytest.Config) -> list[tuple[str, tuple[str, ...]]]:
             "            print('@@', i.nodeid, ' '.join(getattr(i, 'fixturenames', ())))\n"
             "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider'], "
             "plugins=[P()]))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=quick.ROOT, capture_output=True, text=True,
                          timeout=300, check=False).stdout
     return [(line.split()[1], tuple(line.split()[2:])) for line in out.splitlines()
             if line.startswith("@@ ")]

@@ -36,7 +36,7 @@ RUN_ID = re.compile(r"run-\d{8}-\d{6}-\d+(-\d+)?")  # runner.options.new_run_id,
 # What a run directory holds, as `clean` lists it.
 KINDS = {"kept": "kept checkpoints", "debris": "debris of an interrupted run",
          "empty": "empty run directory", "live": "a run in progress: left alone",
-         "foreign": "not written by ckptbench (no record): left alone"}
+         "foreign": "holds no record of a ckptbench run: left alone"}
 REMOVABLE = ("kept", "debris", "empty")
 
 

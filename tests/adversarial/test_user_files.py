@@ -41,8 +41,8 @@ def test_files_put_into_the_run_during_a_run_are_kept(tmp_path: Path) -> None:
     into the run directory and into the checkpoint. Both are there at the end, everything
     the run wrote is gone, and the leftovers are reported in one line."""
     target = tmp_path / "tgt"
-    proc = start("run", str(BIG), *BIG_ARGS, "--target", "tgt", "--results", "r.jsonl",
-                 cwd=tmp_path)
+    proc = start("run", str(BIG), *BIG_ARGS, "--no-restore", "--target", "tgt", "--results",
+                 "r.jsonl", cwd=tmp_path)  # the save's cleanup is the one under test
     ckpt = wait_for("checkpoint-1", lambda: next(iter(target.glob("run-*/checkpoint-1")), None),
                     proc=proc, every=0.005)
     run = ckpt.parent
@@ -66,7 +66,7 @@ def test_files_put_into_any_checkpoint_are_kept(tmp_path: Path) -> None:
     """Many short iterations: a file dropped into whichever checkpoint directory exists at
     that moment survives that checkpoint's removal (per iteration, not only at the end)."""
     target = tmp_path / "tgt"
-    proc = start("run", str(TINY), "--target", "tgt", "--iterations", "60", "--results",
+    proc = start("run", str(TINY), "--target", "tgt", "--iterations", "20", "--results",
                  "r.jsonl", cwd=tmp_path)
 
     def drop() -> Path | None:
