@@ -27,7 +27,6 @@ MODULES: tuple[str, ...] = (
     "tests/test_cadence.py",
     "tests/test_cli_cadence.py",
     "tests/test_redact.py",
-    "tests/test_simulate.py",
     "tests/test_report.py",
     "tests/test_quick_subset.py",
     "tests/plan/test_order.py",
