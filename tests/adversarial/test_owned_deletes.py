@@ -181,7 +181,8 @@ def test_a_killed_run_on_another_host_is_debris_once_its_lease_expired(tmp_path:
 
 def test_a_killed_keep_runs_committed_checkpoint_is_not_debris(tmp_path: Path) -> None:
     """A --keep run killed after committing (and verifying) checkpoint 1 and committing
-    checkpoint 2: --clean-debris removes its intent, keeps its committed checkpoints."""
+    checkpoint 2: --clean-debris keeps its committed checkpoints, and its intent becomes
+    the record of them (state "kept", no longer debris)."""
     target = tmp_path / "t"
     r = _hooked("kill:2", tmp_path, "--target", str(target), "--iterations", "3", "--keep")
     assert r.returncode == -9, r.stderr
@@ -193,7 +194,9 @@ def test_a_killed_keep_runs_committed_checkpoint_is_not_debris(tmp_path: Path) -
     assert c.returncode == 0, c.stderr
     assert sorted(p.name for p in (debris / "checkpoint-1").iterdir()) == kept
     assert (debris / "checkpoint-2" / ".metadata").exists()
-    assert not (debris / INTENT).exists()
+    record = json.loads((debris / INTENT).read_text())
+    assert record["state"] == "kept"
+    assert record["checkpoints"] == ["checkpoint-1", "checkpoint-2"]
     r = run("restore", str(debris / "checkpoint-1"), "--results", str(tmp_path / "x.jsonl"),
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
