@@ -278,7 +278,8 @@ def test_botocore_staging_buffers_are_made_before_the_clock(s3env: MinioServer) 
 @pytest.mark.parametrize("transport", ["botocore", *TRANSPORTS])
 def test_planned_reads_on_minio(s3env: MinioServer, transport: str) -> None:
     """A restore plan's reads through each transport: a run of chunks and scattered
-    4-byte reads, one GET per range of the run and one per scattered read."""
+    4-byte reads, one GET per range of the run (ramping up: the reader thread's first
+    file) and one per scattered read."""
     b = s3(f"s3://{s3env.bucket}/plan/{uuid.uuid4().hex[:8]}", s3env.endpoint,
            concurrency=None, transport=transport)
     b.prepare()
@@ -295,7 +296,7 @@ def test_planned_reads_on_minio(s3env: MinioServer, transport: str) -> None:
     finally:
         h.close()
     if transport == "botocore":  # the transports' requests are their own (not counted)
-        ranges = plan_gets(run, boto_readahead(b).chunk)
+        ranges = plan_gets(run, boto_readahead(b).chunk, ramp=True)  # the thread's first
         assert b.stats()["requests"] == len(ranges) + len(scattered)
     b.remove_tree("ck")
     b.release()
@@ -339,6 +340,25 @@ class Held:
     def finish(self, offset: int, length: int) -> None:
         piece = bytearray(self.data[offset:offset + length])
         self.gets[(offset, length)].set_result(Chunk(piece, len(piece), len(self.data)))
+
+
+def test_a_threads_first_file_ramps_up_its_gets() -> None:
+    """The first GETs of a reader thread with none in flight grow from chunk/16 to the
+    chunk, so its first read waits on a few MiB, not on `depth` whole chunks sharing the
+    bandwidth; the next file, opened while GETs run, starts at whole chunks."""
+    chunk = 64 * MIB
+    gets = plan_gets([(0, 300 * MIB), (400 * MIB, 4)], chunk, ramp=True)
+    assert [n // MIB for _, n in gets[:6]] == [4, 8, 16, 32, 64, 64]
+    assert sum(n for _, n in gets) == 300 * MIB + 4 and gets[-1] == (400 * MIB, 4)
+    assert plan_gets([(0, 3 * MIB)], MIB, ramp=True) == plan_gets([(0, 3 * MIB)], MIB)
+    first = Recorded(os.urandom(8 * MIB), in_flight=True)
+    h1 = ReadAhead(first.fetch, 4 * MIB, depth=2, plan=[(0, 8 * MIB)])
+    assert [n for _, n in h1.plan or []] == [2 * MIB, 4 * MIB, 2 * MIB]
+    h1.prefetch()
+    h2 = ReadAhead(first.fetch, 4 * MIB, depth=2, plan=[(0, 8 * MIB)])
+    assert [n for _, n in h2.plan or []] == [4 * MIB, 4 * MIB]
+    h1.close()
+    h2.close()
 
 
 def test_a_get_done_out_of_order_gives_its_place_while_the_reader_waits() -> None:
