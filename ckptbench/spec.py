@@ -16,6 +16,8 @@ from typing import Any
 
 from ckptbench.errors import SpecError
 from ckptbench.fields import allowed, choice_field, int_field, read_small_text, shown
+from ckptbench.tierspec import KEYS as TIER_KEYS
+from ckptbench.tierspec import TiersSpec, parse_tiers
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -127,6 +129,7 @@ class Workload:
     description: str = ""
     # The layout the job restarts with; None: the training layout (``parallel``).
     restore: ParallelSpec | None = None
+    tiers: TiersSpec = field(default_factory=TiersSpec)  # [tiers] (ckptbench.tierspec)
 
     @property
     def restore_parallel(self) -> ParallelSpec:
@@ -171,6 +174,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     # The layout the job restarts with (DCP reshards onto it); each key defaults to
     # the training layout's value.
     "restore": RESTORE_KEYS,
+    "tiers": TIER_KEYS,
 }
 
 
@@ -385,6 +389,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
         parallel=parallel,
         checkpoint=checkpoint,
         restore=restore,
+        tiers=parse_tiers(data.get("tiers", {})),
     )
 
 
