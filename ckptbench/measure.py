@@ -18,6 +18,7 @@ from ckptbench.formats import check_format
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
+from ckptbench.report.tiers import summarize_tiers
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
 from ckptbench.spec import load_workload, scaled
 
@@ -73,7 +74,8 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
         failure = run_session(req, launcher, sink, on_progress, on_start, on_notice)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
-            sink.write_all(summarize(sink.records) + summarize_async(sink.records))
+            sink.write_all(summarize(sink.records) + summarize_async(sink.records)
+                           + summarize_tiers(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
         elif sink is not None:

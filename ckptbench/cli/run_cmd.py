@@ -24,6 +24,7 @@ from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.async_options import async_options, loop_options
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
+from ckptbench.cli.tier_options import take_tier_flags, tier_options, tiers_from
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.fields import parse_ranks
 from ckptbench.formats import FORMATS, check_format
@@ -32,6 +33,7 @@ from ckptbench.payload import MODES
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.report import table
+from ckptbench.report.tiers_table import render_tiers
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
 from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
@@ -147,6 +149,7 @@ RESTORE_PLANS = ("dcp", "files")
 @restore_layout_options
 @stall_timeout_option
 @async_options
+@tier_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as JSON, alone on stdout (progress and banner: stderr).")
@@ -166,6 +169,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
     backend_flags = typed_backend_flags(click.get_current_context())
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     loop = loop_options(values, mode, click.get_current_context())
+    tier_flags = take_tier_flags(values)
     launch = open_launcher(launcher)
     # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
@@ -174,7 +178,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
              backend_flags, fmt=fmt, codec=codec, stall_timeout=stall_timeout,
              width=table.output_width(wide, width), clean_debris=clean_debris,
              restore=RestoreChoice(restore_plan, restore_world_size, restore_layout),
-             mode=mode, loop=loop, verify=not no_verify)
+             mode=mode, loop=loop, verify=not no_verify, tier_flags=tier_flags)
 
 
 @dataclass(frozen=True)
@@ -219,11 +223,13 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
          as_json: bool, backend_flags: dict[str, Any], fmt: str = "raw",
          codec: str = "none", stall_timeout: str = "120s", width: int | None = 80,
          restore: RestoreChoice = RestoreChoice(), clean_debris: bool = False,
-         mode: str = "sync", loop: LoopOptions | None = None, verify: bool = True) -> None:
+         mode: str = "sync", loop: LoopOptions | None = None, verify: bool = True,
+         tier_flags: dict[str, Any] | None = None) -> None:
     if not verify and fmt != "raw":
         raise SpecError(f"--no-verify needs --format raw (--format {fmt} always verifies); "
                         "allowed: drop --no-verify, or --format raw")
     full = apply_restore_layout(load_workload(workload), restore.world_size, restore.layout)
+    tiers = tiers_from(tier_flags or {}, full.tiers)
     restore_plan = restore.resolve(fmt)
     run_workload = scaled(full, scale)
     plan = build_plan(run_workload)
@@ -237,7 +243,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
         run_id=run_id, restore_shift=restore_shift or 0,
         format=fmt, codec=codec_spec.text() if fmt == "zarr" else "none",
         stall_timeout=parse_stall_timeout(stall_timeout), restore_plan=restore_plan, clean_debris=clean_debris,
-        mode=mode, loop=loop or LoopOptions(), verify=verify,
+        mode=mode, loop=loop or LoopOptions(), verify=verify, tiers=tiers,
     )
     ck = run_workload.checkpoint
     hints = IOHints(block_size=options.block_size, threads=options.threads,
@@ -271,11 +277,13 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if as_json:
-        extra = {"async": outcome["async"]} if outcome.get("async") else {}
+        extra = {k: outcome[k] for k in ("async", "tiers") if outcome.get(k)}
         click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"],
                                **extra}, indent=2))
     else:
-        table.render_summary(table.console_for(width, plain=launch.kind == "mpi"), [outcome], width)
+        console = table.console_for(width, plain=launch.kind == "mpi")
+        table.render_summary(console, [outcome], width)
+        render_tiers(console, [outcome], width)
         click.echo(f"results: {results_path}")
 
 
