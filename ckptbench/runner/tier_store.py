@@ -71,9 +71,11 @@ def commit_copy(path: Path, fd: int, mapped: mmap.mmap | None) -> None:
 
 
 def abandon_copy(path: Path, fd: int, mapped: mmap.mmap | None) -> None:
-    """A copy that did not complete: its part removed (never held)."""
+    """A copy that did not complete: its part removed (never held). A view into the map
+    that a failed receive's traceback still holds keeps it open until that goes."""
     if mapped is not None:
-        mapped.close()
+        with contextlib.suppress(BufferError):
+            mapped.close()
     os.close(fd)
     path.with_name(path.name + ".part").unlink(missing_ok=True)
 
@@ -89,6 +91,15 @@ class PreparedCopy:
                      else np.empty(0, dtype=np.uint8))
         self.view.fill(0)
 
+    def fill(self, data: np.ndarray) -> None:
+        """`data` copied in and held (the part removed when that fails)."""
+        try:
+            np.copyto(self.view, data)
+            self.commit()
+        except BaseException:
+            self.abandon()
+            raise
+
     def commit(self) -> None:
         """Held: the view released, the file unmapped, closed and renamed."""
         del self.view
@@ -101,13 +112,7 @@ class PreparedCopy:
 
 def write_copy(path: Path, data: np.ndarray) -> None:
     """`data` (uint8) as the held copy at `path`: one copy into the file's mapping."""
-    copy = PreparedCopy(path, data.nbytes)
-    try:
-        np.copyto(copy.view, data)
-        copy.commit()
-    except BaseException:
-        copy.abandon()
-        raise
+    PreparedCopy(path, data.nbytes).fill(data)
 
 
 def read_copy(path: Path, out: np.ndarray) -> None:
