@@ -20,6 +20,8 @@ from typing import Any
 
 SUMMARY = "tier_summary"
 RESTORE_SUMMARY = "tier_restore_summary"
+LEVELS = "tier_levels"
+TYPES = (SUMMARY, RESTORE_SUMMARY, LEVELS)  # what the report step adds
 
 
 def _span(rows: list[dict[str, Any]]) -> float:
@@ -61,9 +63,14 @@ def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any
         served[r["tier"]] += 1
     base = [r["baseline_s"] for r in rows if r.get("baseline_s")]
     slowest = max(r["seconds"] for r in rows)
+    ratios = {}  # per serving tier: its slowest process over the slowest baseline
+    for tier in served:
+        mine = [r for r in rows if r["tier"] == tier and r.get("baseline_s")]
+        if mine:
+            ratios[tier] = max(r["seconds"] for r in mine) / max(r["baseline_s"] for r in mine)
     return {"type": RESTORE_SUMMARY, "scenario": scenario, "iteration": rows[0]["iteration"],
             "seconds": seconds, "bytes": nbytes, "rate_Bps": _rate(nbytes, seconds),
-            "served": dict(served), "slowest_s": slowest,
+            "served": dict(served), "slowest_s": slowest, "over_baseline": ratios,
             "baseline_s": max(base) if base else None,
             "lost_nodes": rows[0].get("lost_nodes", []),
             "verified": all(r.get("verified") for r in rows)}
@@ -84,7 +91,33 @@ def _storage_restore(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"type": RESTORE_SUMMARY, "scenario": "storage", "iteration": it,
             "seconds": seconds, "bytes": nbytes, "rate_Bps": _rate(nbytes, seconds),
             "served": {"storage": len(rows)}, "slowest_s": None, "baseline_s": None,
+            "over_baseline": {},
             "lost_nodes": "all copies", "verified": True}
+
+
+def _phase_s(records: list[dict[str, Any]], phase: str) -> float | None:
+    """The median seconds of a run's ok phases (their parts add up to the phase)."""
+    secs = [sum(r["parts"].values()) for r in records if r.get("type") == "phase"
+            and r.get("phase") == phase and r.get("ok") and r.get("parts")]
+    return statistics.median(secs) if secs else None
+
+
+def tier_levels(summaries: list[dict[str, Any]], records: list[dict[str, Any]]
+                ) -> dict[str, Any] | None:
+    """The levels of ``ckptbench levels`` (NAME:SAVE:RESTORE:SCOPE) as this run measured
+    them, at its own size: memory survives a process failure, peer a node's, storage the
+    job's. The restores are the scenarios' (the restart itself not included)."""
+    tiers = {r["tier"]: r for r in summaries if r["type"] == SUMMARY}
+    restarts = {r["scenario"]: r for r in summaries if r["type"] == RESTORE_SUMMARY}
+    out = []
+    for tier, scenario, scope in (("memory", "process", "process"), ("peer", "node", "node")):
+        if tier in tiers and scenario in restarts:
+            out.append(f"{tier}:{tiers[tier]['blocking_s']:.4g}s:"
+                       f"{restarts[scenario]['seconds']:.4g}s:{scope}")
+    save, restore = _phase_s(records, "save"), _phase_s(records, "restore")
+    if save is not None and restore is not None:
+        out.append(f"storage:{save:.4g}s:{restore:.4g}s:job")
+    return {"type": LEVELS, "levels": out} if out else None
 
 
 def summarize_tiers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,4 +131,6 @@ def summarize_tiers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out += [_restore_summary(s, [r for r in restores if r["scenario"] == s])
             for s in ("process", "node") if any(r["scenario"] == s for r in restores)]
     storage = _storage_restore(records)
-    return out + ([storage] if storage else [])
+    out += [storage] if storage else []
+    levels = tier_levels(out, records)
+    return out + ([levels] if levels else [])

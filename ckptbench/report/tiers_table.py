@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptbench.report.table import Column, Grid
-from ckptbench.report.tiers import RESTORE_SUMMARY, SUMMARY
+from ckptbench.report.tiers import LEVELS, RESTORE_SUMMARY, SUMMARY
 from ckptbench.units import format_size, gbps
 
 
@@ -23,6 +23,8 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
                   for r in rows if r["type"] == SUMMARY)
     restarts = tuple((r["scenario"], str(r["iteration"]), format_size(r["bytes"]),
                       _s(r["seconds"]), gbps(r["rate_Bps"]), _s(r["baseline_s"]),
+                      ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["over_baseline"].items()))
+                      or "-",
                       ", ".join(f"{k} {v}" for k, v in sorted(r["served"].items())))
                      for r in rows if r["type"] == RESTORE_SUMMARY)
     out = []
@@ -39,10 +41,12 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
         out.append(Grid("recovery tiers: restarts", (
             Column("scenario", key=True, numeric=False), Column("ckpt"), Column("bytes"),
             Column("seconds"), Column("GB/s"), Column("baseline s", "max"),
-            Column("served by", numeric=False)), restarts,
+            Column("x baseline", numeric=False), Column("served by", numeric=False)), restarts,
             ("process: every process reads its node's copy; node: the last node is "
              "replaced, its processes fetch from peers; storage: the last stored "
-             "checkpoint's restore. Every byte checked against the save's digests.",)))
+             "checkpoint's restore. x baseline: per serving tier, its slowest process over "
+             "the slowest plain copy (memory) or plain transfer from the same holder (peer) "
+             "of the same bytes. Every byte checked against the save's digests.",)))
     return out
 
 
@@ -52,3 +56,8 @@ def render_tiers(console: Any, loaded: Sequence[dict[str, Any]], width: int | No
     for run in loaded:
         for grid in tier_grids(run):
             render(console, grid, width)
+        for r in run.get("tiers", []):
+            if r["type"] == LEVELS:
+                console.print("levels as measured (for ckptbench levels, at this run's size): "
+                              + " ".join(f"--level {lv}" for lv in r["levels"]),
+                              markup=False, highlight=False, soft_wrap=True)

@@ -117,7 +117,10 @@ class PeerServer:
         except BaseException:
             copy.abandon()
             raise
-        conn.sendall(b"\1")
+        try:
+            conn.sendall(b"\1")
+        finally:
+            copy.release()
 
     def _get(self, conn: socket.socket, src: int, it: int) -> None:
         path = self.path(src, it)

@@ -62,14 +62,6 @@ def open_copy(path: Path, nbytes: int) -> tuple[int, mmap.mmap | None]:
         raise
 
 
-def commit_copy(path: Path, fd: int, mapped: mmap.mmap | None) -> None:
-    """The copy complete: unmapped, closed, renamed to its held name."""
-    if mapped is not None:
-        mapped.close()
-    os.close(fd)
-    os.rename(path.with_name(path.name + ".part"), path)
-
-
 def abandon_copy(path: Path, fd: int, mapped: mmap.mmap | None) -> None:
     """A copy that did not complete: its part removed (never held). A view into the map
     that a failed receive's traceback still holds keeps it open until that goes."""
@@ -92,7 +84,8 @@ class PreparedCopy:
         self.view.fill(0)
 
     def fill(self, data: np.ndarray) -> None:
-        """`data` copied in and held (the part removed when that fails)."""
+        """`data` copied in and held (the part removed when that fails); the mapping
+        stays until :meth:`release` (unmapping is bookkeeping, not the copy)."""
         try:
             np.copyto(self.view, data)
             self.commit()
@@ -101,9 +94,15 @@ class PreparedCopy:
             raise
 
     def commit(self) -> None:
-        """Held: the view released, the file unmapped, closed and renamed."""
-        del self.view
-        commit_copy(self.path, self.fd, self.mapped)
+        """Held: renamed to its name (tmpfs pages need no flush: the bytes are there)."""
+        os.rename(self.path.with_name(self.path.name + ".part"), self.path)
+
+    def release(self) -> None:
+        """The view released, the file unmapped and closed (after the timed part)."""
+        self.view = np.empty(0, dtype=np.uint8)
+        if self.mapped is not None:
+            self.mapped.close()
+        os.close(self.fd)
 
     def abandon(self) -> None:
         self.view = np.empty(0, dtype=np.uint8)
@@ -112,7 +111,9 @@ class PreparedCopy:
 
 def write_copy(path: Path, data: np.ndarray) -> None:
     """`data` (uint8) as the held copy at `path`: one copy into the file's mapping."""
-    PreparedCopy(path, data.nbytes).fill(data)
+    copy = PreparedCopy(path, data.nbytes)
+    copy.fill(data)
+    copy.release()
 
 
 def read_copy(path: Path, out: np.ndarray) -> None:

@@ -196,6 +196,7 @@ class TierRun:
             t2 = now()
             copy.fill(state)
             t3 = now()
+            copy.release()
             self._record("memory", it, (t2, t3), (t1 - t0) / 1e9, "plain copy",
                          where=self.spec.memory_dir)
         if self.spec.has("peer"):
