@@ -239,27 +239,28 @@ class TierRun:
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
-        """One restart scenario, collectively. The restarted process's state is allocated
-        before it loads (a framework builds its model first), off the clock; the plain
-        copy or transfer of the same bytes beside it is the baseline."""
+        """One restart scenario, collectively: the baseline first (a plain copy of the
+        state, or a plain transfer of its bytes from the same holder, every process at
+        once), then the state dropped and read back into memory allocated before the
+        clock starts (a framework builds its model before it loads), then verified."""
         error: str | None = None
         source = self.tp.serving_tier(self.proc, lost)
-        if self.state is not None:
-            self.plain, self.state = self.state, None  # the process restarts: state gone
-        data = self.plain
-        base = (0, 0)
-        if self.node in lost:  # the node replaced: its copies are gone with it
-            self._drop(it)
+        if self.plain.nbytes != self.nbytes:
+            self.plain = np.zeros(self.nbytes, dtype=np.uint8)
         self.comm.barrier()
+        base = (0, 0)
         try:
+            t = now()
             if source is not None and source[0] == "peer":
-                spare = np.zeros(self.nbytes, dtype=np.uint8)
-                t = now()
-                fetch(self.addresses[source[1]], self.proc, it, spare, SOURCE)
-                base = (t, now())
-                del spare
+                fetch(self.addresses[source[1]], self.proc, it, self.plain, SOURCE)
+            elif self.state is not None:
+                np.copyto(self.plain, self.state)
+            base = (t, now())
         except BaseException as exc:
             error = describe_error(exc)[1]
+        data, self.state = self.plain, None  # the process restarts: its state is gone
+        if self.node in lost:  # the node replaced: its copies are gone with it
+            self._drop(it)
         self.comm.barrier()
         try:
             if error:
@@ -272,22 +273,18 @@ class TierRun:
                 read_copy(self.dir / copy_name(self.proc, it), data)
             elif not fetch(self.addresses[holder], self.proc, it, data):
                 raise RunFailed(self._missing(it, lost, holder), "missing")
-            self._verify(data, expected[self.proc], it, tier, holder)
             t1 = now()
+            self._verify(data, expected[self.proc], it, tier, holder)
+            t2 = now()
             self.state, self.plain = data, np.empty(0, dtype=np.uint8)
-            if tier == "memory":
-                self.plain = np.zeros(self.nbytes, dtype=np.uint8)
-                t = now()
-                np.copyto(self.plain, data)
-                base = (t, now())
             self.records.append({
-                "baseline_s": (base[1] - base[0]) / 1e9,
-                "baseline": "plain copy" if tier == "memory" else "plain transfer",
                 "type": "tier_restore", "scenario": scenario, "iteration": it,
                 "process": self.proc, "node": self.node, "tier": tier,
                 "from_node": self.tp.node_of[holder], "from_process": holder,
                 "bytes": len(data), "start_ns": t0 + self.offset, "end_ns": t1 + self.offset,
-                "seconds": (t1 - t0) / 1e9, "verified": True,
+                "seconds": (t1 - t0) / 1e9, "verify_s": (t2 - t1) / 1e9, "verified": True,
+                "baseline_s": (base[1] - base[0]) / 1e9,
+                "baseline": "plain copy" if tier == "memory" else "plain transfer",
                 "lost_nodes": sorted(lost)})
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
