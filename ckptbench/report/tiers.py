@@ -18,6 +18,9 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from ckptbench.errors import SpecError
+from ckptbench.records import read_records
+
 SUMMARY = "tier_summary"
 RESTORE_SUMMARY = "tier_restore_summary"
 LEVELS = "tier_levels"
@@ -134,3 +137,15 @@ def summarize_tiers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out += [storage] if storage else []
     levels = tier_levels(out, records)
     return out + ([levels] if levels else [])
+
+
+def measured_levels(path: str) -> list[str]:
+    """The levels (NAME:SAVE:RESTORE:SCOPE) a tiered run's results file holds."""
+    records = list(read_records(path))
+    found = next((r for r in records if r.get("type") == LEVELS), None)
+    if found is None:
+        found = next((r for r in summarize_tiers(records) if r["type"] == LEVELS), None)
+    if found is None or not found.get("levels"):
+        raise SpecError(f"--tiers-results {path}: no tier measurements in it; allowed: the "
+                        "results file of a `ckptbench run --tiers ...`")
+    return [str(lv) for lv in found["levels"]]

@@ -76,6 +76,21 @@ def test_every_tier_written_and_every_restart_verified(tmp_path: Path, memory_di
                             ("tier_restore_summary", "storage")}
     assert summary["tier_restore_summary", "node"]["served"] == {"memory": 2, "peer": 2}
     assert not list(memory_dir.iterdir())  # every copy removed by name, directories too
+    # the levels as measured feed the multi-level cadence
+    (levels,) = [r["levels"] for r in recs if r["type"] == "tier_levels"]
+    assert [lv.split(":")[0] for lv in levels] == ["memory", "peer", "storage"]
+    assert [lv.split(":")[3] for lv in levels] == ["process", "node", "job"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
+                          str(tmp_path / "r.jsonl"), "--failure-classes", "llama3", "--gpus",
+                          "1024"], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[:3]] == levels_names(levels)
+
+
+def levels_names(levels: list[str]) -> list[str]:
+    return [lv.split(":")[0] for lv in levels]
 
 
 def test_cliques_and_two_replicas_on_four_nodes(tmp_path: Path, memory_dir: Path) -> None:
