@@ -4,7 +4,9 @@ Per tier (``tier_summary``): per checkpoint, the slowest process's blocking seco
 its baseline (a plain copy of the same bytes for memory, a plain transfer over the same
 transport for peer), the bytes of every process and the rate, every process's bytes over
 the span from the first start to the last end; median over checkpoints, and the ratio
-that says how close the tier comes to its physical limit.
+that says how close the tier comes to its physical limit: blocking over the baseline's
+time for the same bytes (a peer tier's K replicas are K times the bytes of the one plain
+transfer, so its baseline counts K times).
 
 Per restart scenario (``tier_restore_summary``): seconds from the first process's start
 to the last one's end, bytes, rate, which tier served how many processes, and the slowest
@@ -47,7 +49,8 @@ def _tier_summary(tier: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         blocking.append(slow)
         baseline.append(base)
         rates.append(_rate(nbytes, _span(its)) or 0.0)
-        ratios.append(slow / base if base > 0 else float("inf"))
+        # the baseline moved one replica's bytes: k replicas are k times its bytes
+        ratios.append(slow / (base * its[0].get("replicas", 1)) if base > 0 else float("inf"))
     first = rows[0]
     return {"type": SUMMARY, "tier": tier, "checkpoints": len(by_it), "bytes": nbytes,
             "processes": len({r["process"] for r in rows}),

@@ -35,8 +35,9 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
             Column("GB/s"), Column("where", numeric=False)), tiers,
             ("blocking: the slowest process's copy (memory) or replication until every "
              "holder has it (peer); baseline: a plain copy (memory) or a plain transfer over "
-             "the same transport (peer) of the same bytes, in the same run; bytes and GB/s: "
-             "every process's, replicas counted.",)))
+             "the same transport (peer) of one shard, in the same run; x baseline: blocking over "
+             "the baseline's time for the same bytes (K replicas: K x the baseline); bytes "
+             "and GB/s: every process's, replicas counted.",)))
     if restarts:
         out.append(Grid("recovery tiers: restarts", (
             Column("scenario", key=True, numeric=False), Column("ckpt"), Column("bytes"),
