@@ -40,6 +40,7 @@ from ckptbench.formats.base import file_jobs, now
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan import Plan
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan, plan_tiers
+from ckptbench.records import ErrorRecord
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send
 from ckptbench.runner.tier_store import (
@@ -113,16 +114,20 @@ class TierRun:
         ok = False
         try:
             self._start()
-            stored = []
             for it in range(1, self.o.iterations + 1):
                 self._checkpoint(it)
                 if self.tp.stores(it):
                     self.run.claim(it)
                     self.run.save(it)
                     self.run.restore(it)  # the storage restart: measured, verified, removed
-                    stored.append(it)
             if self.o.restore and self.spec.use != ("storage",):
-                self._restarts(self.o.iterations)
+                try:
+                    self._restarts(self.o.iterations)
+                except RunFailed as exc:  # every process alike: what ran is recorded
+                    self._write_records(ErrorRecord(self.o.iterations, "restore", exc.kind,
+                                                    str(exc)))
+                    self.comm.barrier()  # process 0 has them before anyone leaves
+                    raise
             self._write_records()
             ok = True
         finally:
@@ -291,8 +296,9 @@ class TierRun:
         errors = self.comm.gather(error)
         first = next((e for e in errors if e), None) if errors is not None else None
         first = self.comm.bcast(first)
-        if first:
-            raise RunFailed(f"restart ({scenario}): {first}", "verify")
+        if first:  # no partial restart is summarized as one: its records go
+            self.records = [r for r in self.records if r.get("scenario") != scenario]
+            raise RunFailed(f"restart ({scenario}): {first}", "restore")
 
     def _shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)
@@ -312,10 +318,12 @@ class TierRun:
             raise RunFailed(f"checkpoint {it}: {self._shard()}: file {bad} from {where} "
                             "differs from the save's digest", "verify")
 
-    def _write_records(self) -> None:
+    def _write_records(self, error: ErrorRecord | None = None) -> None:
         gathered = self.comm.gather(self.records)
         if gathered is not None and self.run.sink is not None:
             self.run.sink.write_all([r for recs in gathered for r in recs])
+            if error is not None:
+                self.run.sink.write(error)
 
 
 def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts: list[str]

@@ -110,6 +110,24 @@ def test_cliques_and_two_replicas_on_four_nodes(tmp_path: Path, memory_dir: Path
     assert not list(memory_dir.iterdir())
 
 
+def test_a_shard_no_tier_holds_is_one_line_naming_it(tmp_path: Path, memory_dir: Path
+                                                     ) -> None:
+    """Peer replicas alone on 2 nodes: the node replaced held the only copy of node 0's
+    shards (no memory tier keeps them); the restart is refused, never partial."""
+    results = tmp_path / "r.jsonl"
+    proc, _ = local(str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
+                    "--memory-dir", str(memory_dir), "--tiers", "peer", "--ranks-per-node",
+                    "2", "--iterations", "1")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ckptbench: error")]
+    assert errors == ["ckptbench: error: restart (node): checkpoint 1: the shard of process 0 "
+                      "(plan ranks 0): no tier holds it after losing node(s) [1]"]
+    recs = records(results)
+    assert [r["message"] for r in recs if r["type"] == "error"] == [errors[0].removeprefix("ckptbench: error: ")]
+    assert {r["scenario"] for r in recs if r["type"] == "tier_restore"} == {"process"}
+    assert not list(memory_dir.iterdir())
+
+
 @needs_mpi
 def test_under_mpirun_two_nodes_of_two_ranks(tmp_path: Path, memory_dir: Path) -> None:
     recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
