@@ -110,6 +110,28 @@ def test_cliques_and_two_replicas_on_four_nodes(tmp_path: Path, memory_dir: Path
     assert not list(memory_dir.iterdir())
 
 
+def test_tier_options_in_a_run_table_are_recorded_and_replayed(tmp_path: Path,
+                                                               memory_dir: Path) -> None:
+    """The tier options are run options: a [run] table sets them over the workload's
+    [tiers], the results file records them, and --replay runs the same tiers again."""
+    workload = tmp_path / "w.toml"
+    workload.write_text(TINY.read_text() + "\n[tiers]\nuse = ['memory', 'peer', 'storage']\n"
+                        f"ranks_per_node = 2\n[run]\nstorage_every = 2\niterations = 2\n"
+                        f"memory_dir = '{memory_dir}'\ntarget = '{tmp_path / 't'}'\n")
+    first, again = tmp_path / "first.jsonl", tmp_path / "again.jsonl"
+    for args, path in (((str(workload),), first), (("--replay", str(first)), again)):
+        proc, _ = local(*args, "--results", str(path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs = records(path)
+        assert recs[0]["run_options"]["storage_every"] == 2
+        assert recs[0]["run_options"]["tiers"] is None  # the workload's [tiers] use
+        assert [r["iteration"] for r in recs if r["type"] == "phase"
+                and r["phase"] == "save"] == [2]
+        assert {r["tier"] for r in recs if r["type"] == "tier"} == {"memory", "peer"}
+    assert records(first)[0]["run_options"] == records(again)[0]["run_options"]
+    assert not list(memory_dir.iterdir())
+
+
 def test_a_shard_no_tier_holds_is_one_line_naming_it(tmp_path: Path, memory_dir: Path
                                                      ) -> None:
     """Peer replicas alone on 2 nodes: the node replaced held the only copy of node 0's
