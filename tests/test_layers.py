@@ -10,6 +10,7 @@ function (imports done lazily are still dependencies).
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,21 @@ def test_no_import_cycle() -> None:
     for m in sorted(RUNTIME):
         if m not in state:
             visit(m)
+
+
+def test_the_package_never_imports_the_harness() -> None:
+    """The service harnesses (MinIO, GlusterFS, warp, fio) are the repository's, not the
+    installed package's: pyproject installs ckptbench* only, so an import of `harness`
+    from ckptbench would fail for every user."""
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{module}: {n}" for n in names if n.split(".")[0] == "harness"]
+    assert not found
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["ckptbench*"]
 
 
 def test_the_walk_sees_imports() -> None:

@@ -35,7 +35,7 @@ from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.launch_local import die_with_parent
 from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload
-from ckptbench.testing.gluster import GlusterBed
+from harness.gluster import GlusterBed
 
 from . import TINY
 

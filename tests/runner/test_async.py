@@ -29,8 +29,8 @@ from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import LoopOptions, RunOptions
 from ckptbench.runner.staging import cuda_available
 from ckptbench.spec import load_workload
-from ckptbench.testing import MinioServer
-from tests.faults import FullDiskBackend, SlowBackend
+from ckptbench.testing.faults import FullDiskBackend, SlowBackend
+from harness import MinioServer
 
 # Short steps keep the tests fast; 2 steps between checkpoints.
 LOOP = ("--mode", "async", "--step-seconds", "0.02", "--steps-per-checkpoint", "2",

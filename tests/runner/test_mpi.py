@@ -50,7 +50,7 @@ MPI_ENV = {
 }
 FAULT_RUN = Path(__file__).resolve().parent / "fault_run.py"
 # Plan rank 1 (the writer of __1_*.distcp) exits (status 9) after 2 MB of its 5.9 MB
-# (1 MiB writes): a wrapper backend the test script passes in (tests/faults.py).
+# (1 MiB writes): a wrapper backend the test script passes in (ckptbench/testing/faults.py).
 DIE = ("--die-file", "/__1_", "--die-after", "2000000")
 
 

@@ -1,4 +1,12 @@
-"""What every backend must do, as one test class each backend's tests subclass.
+"""What every backend must do, as one test class each backend's tests subclass (needs
+pytest; the way zarr.testing ships StoreTests).
+
+A third-party backend passes the same suite the built-in ones do (docs/backends.md):
+
+    from ckptbench.testing.conformance import BackendConformance
+
+    class TestMyBackend(BackendConformance):
+        ...
 
 A subclass provides four hooks:
 
@@ -28,11 +36,24 @@ from ckptbench.records import JsonlSink
 from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
 from ckptbench.runner.options import RunOptions
-from ckptbench.spec import load_workload
-
-from . import TINY
+from ckptbench.spec import Workload, parse_workload
 
 MIB = 1 << 20
+
+
+# workloads/tiny.toml, inline: the suite ships without the repository's workload files
+TINY_TABLES: dict[str, Any] = {
+    "workload": {"name": "tiny"},
+    "model": {"name": "custom", "layers": 2, "dim": 256, "heads": 8, "kv_heads": 4,
+              "ffn_dim": 688, "vocab_size": 1000},
+    "state": {"param_dtype": "float32", "optimizer": "adamw", "optimizer_dtype": "float32"},
+    "parallel": {"world_size": 4, "layout": "fsdp2", "tp": 2, "pp": 1, "dp_replicate": 1},
+}
+
+
+def tiny_workload() -> Workload:
+    """The tiny workload the runner tests use: 4 ranks, FSDP2 x TP2, about 22 MiB."""
+    return parse_workload(TINY_TABLES, name="tiny")
 
 
 def aligned(n: int) -> memoryview:
@@ -257,7 +278,7 @@ class BackendConformance:
     # --- the runner on this backend: plan, manifest last, verification, records ---
     def run_tiny(self, backend: Backend, tmp_path: Any, iterations: int = 2,
                  **options: Any) -> list[dict[str, Any]]:
-        plan = build_plan(load_workload(TINY))
+        plan = build_plan(tiny_workload())
         ranks = list(range(plan.world_size))
         writer = JsonlSink(tmp_path / f"r-{uuid.uuid4().hex[:6]}.jsonl")
         writer.open()
@@ -277,7 +298,7 @@ class BackendConformance:
         assert all(p["verified"] for p in phases if p["phase"] == "restore")
         assert any(r["type"] == "op" and r["op"] == "commit" for r in recs)
         ranks = [r for r in recs if r["type"] == "rank" and r["phase"] == "save"]
-        assert sum(r["bytes"] for r in ranks) == 2 * build_plan(load_workload(TINY)).total_bytes
+        assert sum(r["bytes"] for r in ranks) == 2 * build_plan(tiny_workload()).total_bytes
         assert self.listing(target) == [TARGET_MARKER]  # checkpoints deleted after the run
         text = json.dumps(recs)
         for secret in self.secrets:

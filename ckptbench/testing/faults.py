@@ -1,4 +1,5 @@
-"""Fault injection for tests: wrapper backends that tests pass in (never shipped code).
+"""Fault injection for tests: wrapper backends a test passes to the runner in place of
+the backend they wrap (any backend, a third party's included).
 
 A wrapper forwards everything to the backend it wraps and breaks one thing on purpose,
 the way zarr's LatencyStore wraps a store.
