@@ -284,8 +284,8 @@ class RawFormat(RangedRestore, FormatBase):
                     f"(chunk byte {first} of {n})")
         return f"{where}: {describe_difference(data, expected)}"
 
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
         # Buffers are allocated and their pages faulted in before the clock starts.
         self._held = None
         groups = assign_threads(jobs, self.nthreads, by_size)

@@ -42,21 +42,22 @@ from ckptbench.backends import Backend
 from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
-    MANIFEST_SCHEMA,
     FileJob,
     Format,
+    PlannedRestore,
     ThreadResult,
     file_jobs,
     first_error,
-    manifest_files,
     now,
 )
 from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
 from ckptbench.formats.manifest import (
     CommitTimes,
+    Manifest,
     ManifestWriter,
     encode_members,
     manifest_bytes,
+    manifest_files,
 )
 from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
@@ -243,13 +244,15 @@ class Iterations:
                                              options.seed, self.fill, fill_in_at(self, it))
                         filled = {j.name: {"digests": fill_digests[j.index]} for j in rjobs
                                   if j.index in fill_digests}
-                        rresults = self.fmt.restore_ranged(  # type: ignore[attr-defined]
-                            rjobs, manifest_key, self.restore_ranks, filled)
+                        planned: PlannedRestore | None = PlannedRestore(self.restore_ranks,
+                                                                        filled)
                     else:
                         read_ranks = _restore_ranks(self.my_ranks, self.all_ranks,
                                                     options.restore_shift)
                         rjobs = file_jobs(plan, read_ranks, ckpt, saved_as, options.seed)
-                        rresults, manifest_t = self.fmt.restore(rjobs, manifest_key)
+                        planned = None
+                    restored = self.fmt.restore(rjobs, manifest_key, planned)
+                rresults, manifest_t = restored.results, restored.manifest
                 rerr = first_error(rresults)
             except BaseException as exc:
                 rresults, rerr = [], exc
@@ -316,7 +319,7 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
     watch = watch or StallWatch(0, lambda _message: None)
     fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
                       options.format_options(), moved)
-    if getattr(fmt, "streams_progress", True):
+    if fmt.streams_progress:
         return fmt, watch
     return fmt, StallWatch(0, watch.on_stall)
 
@@ -368,7 +371,7 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
         for report in gathered:
             objects.update(report.objects or {})
         manifest = {
-            "schema": MANIFEST_SCHEMA,
+            "schema": Manifest.SCHEMA,
             "run_id": options.run_id,
             "iteration": it,
             "workload": plan.workload.name,

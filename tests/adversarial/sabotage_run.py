@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench import measure
 from ckptbench.cli import main
-from ckptbench.formats.manifest import encode_manifest, parse_manifest
+from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.manifest_encoding import encode_manifest
 
 
 def _manifest(ckpt: Path) -> Path:
@@ -50,7 +51,7 @@ def _edit_manifest(edit: Callable[[Any], Any]) -> Callable[[Path, str], None]:
     def act(ckpt: Path, _arg: str) -> None:
         path = _manifest(ckpt)
         data = path.read_bytes()  # JSON, a newline, then padding to DCP's .metadata size
-        edited = edit(parse_manifest(data))
+        edited = edit(Manifest.decode(data).fields)
         path.write_bytes(encode_manifest(edited, len(data)) if isinstance(edited, dict)
                          else json.dumps(edited).encode())
     return act
