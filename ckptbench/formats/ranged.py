@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ckptbench.backends.base import ReadHandle
+from ckptbench.backends.base import PlannedReads, ReadHandle
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import (
     ChunkRead,
@@ -167,9 +167,12 @@ class RangedRestore(FormatBase):
 
     def _open_planned(self, job: FileJob, res: ThreadResult) -> ReadHandle:
         t0 = now()
-        handle = self.backend.open_read_planned(
-            job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
-                      for rd in job.reads or []])
+        if isinstance(self.backend, PlannedReads):
+            handle = self.backend.open_read_planned(
+                job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
+                          for rd in job.reads or []])
+        else:
+            handle = self.backend.open_read(job.key)
         res.op("open", job.index, 0, t0, now(), rank=job.reader)
         return handle
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend
+from ckptbench.backends.base import HostCacheControl, PageCacheControl
 from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
@@ -284,9 +285,12 @@ def _evict(fmt: Format, jobs: list[FileJob], backend: Backend, comm: Comm,
     process 0 drops the host's page cache where the backend can; process 0 gets each
     process's method (what the restore record says)."""
     evict = options.restore and options.cache == "auto"
-    method = backend.drop_cache(fmt.cache_keys(jobs)) if evict else "none"
+    cache = backend if isinstance(backend, PageCacheControl) else None
+    host = backend if isinstance(backend, HostCacheControl) else None
+    method = cache.drop_cache(fmt.cache_keys(jobs)) if evict and cache else "none"
     comm.barrier()
-    dropped = comm.rank == 0 and evict and method == "fadvise" and backend.drop_host_caches()
+    dropped = (comm.rank == 0 and evict and method == "fadvise" and host is not None
+               and host.drop_host_caches())
     if comm.bcast(dropped):
         method = f"{method}+drop_caches"
     return comm.gather(method)

@@ -49,8 +49,8 @@ class _Reader(ReadHandle):
 
 
 class DictBackend(Backend):
-    """dict://NAME: objects in a dict of this process; the abstract methods and nothing
-    else (writes are sized past the object, as the runner pads them: cut at `size`)."""
+    """dict://NAME: objects in a dict of this process; the abstract methods, and run_dirs
+    (where a later run looks for what an interrupted one left), and nothing else."""
 
     name = "dict"
 
@@ -100,6 +100,9 @@ class DictBackend(Backend):
     def list_names(self, prefix: str, limit: int) -> list[str]:
         base = prefix.strip("/") + "/"
         return sorted(k for k in self.objects if k.startswith(base))[:limit]
+
+    def run_dirs(self) -> list[str]:  # where a later run looks for an interrupted one's
+        return sorted({k.split("/", 1)[0] for k in self.objects if "/" in k})
 
 
 class TestThirdParty(BackendConformance):
