@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench import measure
+from ckptbench.backends.base import PlannedReads
 from ckptbench.cli import main
 from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.manifest_encoding import encode_manifest
@@ -209,7 +210,9 @@ def install(action: str, once: Path, flag: Path) -> None:
             return self._reading(key, self._inner.open_read(key))
 
         def open_read_planned(self, key: str, spans: Any) -> Any:
-            return self._reading(key, self._inner.open_read_planned(key, spans))
+            if isinstance(self._inner, PlannedReads):
+                return self._reading(key, self._inner.open_read_planned(key, spans))
+            return self._reading(key, self._inner.open_read(key))
 
         def _reading(self, key: str, handle: Any) -> Any:
             if name in ("hang-read", "stop-read") and arg in key:
