@@ -23,7 +23,7 @@ def minio_server():
     CKPTBENCH_SKIP_S3=1; .ci/setup builds it from source (pinned)."""
     import os
 
-    from ckptbench.testing import MinioServer, find_binary
+    from harness import MinioServer, find_binary
 
     if not find_binary("minio"):
         if os.environ.get("CKPTBENCH_SKIP_S3") == "1":
@@ -42,15 +42,15 @@ def minio_server():
 # --- GlusterFS: one real server with two volumes for the whole session ---
 @pytest.fixture(scope="session")
 def gluster():
-    """A real GlusterFS (ckptbench.testing.gluster.GlusterBed): glusterd on a 127.0.1.N
+    """A real GlusterFS (harness.gluster.GlusterBed): glusterd on a 127.0.1.N
     address, volume `ckb` over two bricks mounted twice (`plain`, `other`: two clients),
     volume `ckbshard` with the shard translator (4MB) mounted once (`shard`); everything
     it started is ended after the last test. Skipped only where FUSE is unavailable (no
     /dev/fuse, or not root); missing Gluster packages fail (.ci/setup installs them)."""
     import signal
 
-    from ckptbench.testing import ToolError
-    from ckptbench.testing.gluster import GlusterBed, unavailable
+    from harness import ToolError
+    from harness.gluster import GlusterBed, unavailable
 
     reason = unavailable()
     if reason:

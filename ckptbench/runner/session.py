@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckptbench.backends import Backend
-from ckptbench.backends.base import own_leftover
+from ckptbench.backends.base import Striping, own_leftover
 from ckptbench.errors import CkptbenchError, RunFailed, describe_error
 from ckptbench.formats import format_class
 from ckptbench.plan import Plan
@@ -128,6 +128,8 @@ def striping_record(backend: Backend, plan: Plan, run_id: str) -> dict[str, Any]
     base = {"stripe_size": ck.stripe_size, "stripe_count": ck.stripe_count, "applied": False}
     if ck.stripe_count == 0:
         return {**base, "reason": "not requested ([checkpoint] stripe_count = 0)"}
+    if not isinstance(backend, Striping):
+        return {**base, "reason": f"not available for the {backend.name} backend"}
     return {**base, **backend.set_striping(run_id, ck.stripe_size, ck.stripe_count)}
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench import measure
 from ckptbench.cli import main, run_cmd
-from tests.faults import DyingBackend, FullDiskBackend
+from ckptbench.testing.faults import DyingBackend, FullDiskBackend
 
 
 def install(die_file: str | None, die_after: int, hosts: list[str] | None,

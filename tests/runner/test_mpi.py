@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.errors import SpecError
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.runner.launch_mpi import choose_launcher, launched_size, split_ranks
 from ckptbench.runner.session import auto_restore_shift
@@ -50,7 +50,7 @@ MPI_ENV = {
 }
 FAULT_RUN = Path(__file__).resolve().parent / "fault_run.py"
 # Plan rank 1 (the writer of __1_*.distcp) exits (status 9) after 2 MB of its 5.9 MB
-# (1 MiB writes): a wrapper backend the test script passes in (tests/faults.py).
+# (1 MiB writes): a wrapper backend the test script passes in (ckptbench/testing/faults.py).
 DIE = ("--die-file", "/__1_", "--die-after", "2000000")
 
 
@@ -101,7 +101,7 @@ def files_of(target: Path) -> dict[str, tuple[int, str]]:
 
 def manifest_entries(target: Path) -> dict[str, dict]:
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
-    m = parse_manifest((run_dir / "checkpoint-1" / ".metadata").read_bytes())
+    m = Manifest.decode((run_dir / "checkpoint-1" / ".metadata").read_bytes())
     strip = len(run_dir.name) + 1
     return {k[strip:]: {**v, **({"path": v["path"][strip:]} if "path" in v else {})}
             for k, v in m["files"].items()}

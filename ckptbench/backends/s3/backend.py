@@ -91,6 +91,11 @@ class S3Backend(Backend):
         """This process's client: 'main' or 'quick' (see S3Clients)."""
         return self.clients.client(kind)
 
+    # the session its handles hold (s3.session.S3Session): these, and its public fields
+    object_key = _key
+    process = _proc
+    client = _client
+
     # --- errors ---
     def error(self, exc: BaseException, action: str) -> BackendError:
         """One line for the usual ways S3 says no (never a key, never a traceback)."""
@@ -178,6 +183,8 @@ class S3Backend(Backend):
         """Cleanup (deletes, aborts) is bounded: short timeouts, and one try once the
         endpoint has stopped answering, so a frozen server cannot hold a run's exit."""
         return self._client("last" if self._proc().dead else "quick")
+
+    cleanup_client = _cleanup_client
 
     def _head(self, key: str, action: str) -> bool:
         from botocore.exceptions import ClientError

@@ -1,4 +1,5 @@
-"""Fault injection for tests: wrapper backends that tests pass in (never shipped code).
+"""Fault injection for tests: wrapper backends a test passes to the runner in place of
+the backend they wrap (any backend, a third party's included).
 
 A wrapper forwards everything to the backend it wraps and breaks one thing on purpose,
 the way zarr's LatencyStore wraps a store.
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend, WriteHandle
+from ckptbench.backends.base import SharedFileWrites, unsupported
 
 
 class _DieAfterBytes:
@@ -48,6 +50,8 @@ class DyingBackend:
         return _DieAfterBytes(handle, self._budget) if self._dies_on(key) else handle
 
     def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> Any:
+        if not isinstance(self._inner, SharedFileWrites):
+            raise unsupported(self._inner, "one file written by several ranks")
         handle = self._inner.open_write_region(key, offset, size, file_size)
         return _DieAfterBytes(handle, self._budget) if self._dies_on(f"{key}@{offset}") else handle
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptbench.testing.minio import Loopback
+from harness.minio import Loopback
 
 _ERRORS = {
     "503": (503, "Service Unavailable", "SlowDown", "Please reduce your request rate."),

@@ -1,4 +1,4 @@
-"""`python -m ckptbench.testing.gluster_sweep DIR`: end what Gluster harnesses whose
+"""`python -m harness.gluster_sweep DIR`: end what Gluster harnesses whose
 directories are under DIR left behind, and nothing else.
 
 A harness ends its own processes (GlusterServer.stop, its finalizer, the test fixture's
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from ckptbench.testing import processes
+from harness import processes
 
 GLUSTER_PROGRAMS = frozenset({"glusterd", "glusterfs", "glusterfsd"})
 
@@ -98,7 +98,7 @@ def sweep(under: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """End what Gluster harnesses under DIR left (mounts, processes, brick logs and
     sockets); exit 1 if a mount under DIR stays."""
-    ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster_sweep",
+    ap = argparse.ArgumentParser(prog="python -m harness.gluster_sweep",
                                  description=main.__doc__)
     ap.add_argument("dir", type=Path)
     args = ap.parse_args(argv)
