@@ -21,7 +21,6 @@ makes mpirun end the job (Open MPI does for a non-zero exit; with Slurm use
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +33,7 @@ from ckptbench.records import ClockRecord, JsonlSink
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
 from ckptbench.runner.stall import StallWatch
 
@@ -128,8 +128,7 @@ class MPIComm(Comm):
         self.rank = self.c.Get_rank()
         self.size = self.c.Get_size()
         self._offset = 0
-        self._host = hosts[self.rank] if hosts and len(hosts) == self.size \
-            else socket.gethostname()
+        self._host = hosts[self.rank] if hosts and len(hosts) == self.size else node_name()
 
     def barrier(self) -> None:
         self.c.Barrier()
@@ -224,6 +223,7 @@ class MPILauncher(Launcher):
                 "srun --mpi=pmix or --mpi=pmi2)")
         groups = split_ranks(ranks, comm.size)
         run_id = comm.bcast(req.options.run_id)
+        places = comm.allgather({**process_facts(), "node": comm.host()})
         nodes = comm.measure_clock()
         host_of_process = {p: n["host"] for n in nodes for p in n["processes"]}
         for node in nodes:
@@ -235,7 +235,8 @@ class MPILauncher(Launcher):
              "rounds": CLOCK_ROUNDS, "nodes": nodes},
             {"mpi": {"world_size": comm.size, "nodes": len(nodes), "groups": groups,
                      "threads_per_process": [max(1, req.options.threads) * len(g)
-                                             for g in groups]}})
+                                             for g in groups]},
+             **_scheduler(places, groups)})
 
     def agree(self, error: BaseException | None, where: str) -> None:
         """Collective: raise on every process if any process had an error (process 0
@@ -294,6 +295,12 @@ class MPILauncher(Launcher):
 
     def share(self, value: Any) -> Any:
         return self.comm.bcast(value)
+
+
+def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[str, Any]:
+    """The run record's `scheduler` entry (Slurm's job, step and placement), if any."""
+    found = placement(step_facts(), places, groups)
+    return {"scheduler": found} if found else {}
 
 
 def _exit_stalled(message: str) -> None:
