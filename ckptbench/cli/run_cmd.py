@@ -31,10 +31,12 @@ from ckptbench.measure import measure
 from ckptbench.payload import MODES
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
+from ckptbench.redact import redact
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
-from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
+from ckptbench.runner.scheduler import step_facts
+from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
 
@@ -167,7 +169,10 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
     options_for_target(target, backend_flags)  # a misplaced flag: refused before anything runs
     loop = loop_options(values, mode, click.get_current_context())
     launch = open_launcher(launcher)
-    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C and clean up; MPI ranks end at once
+    # (runner.signals), MPI rank 0 with one line.
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: stopped_line(name, target))
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         _run(launch, workload, target, iterations, scale, ranks, threads, block_size, payload,
              seed, prefill, keep, no_restore, cache, restore_shift, results, as_json,
@@ -175,6 +180,16 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
              width=table.output_width(wide, width), clean_debris=clean_debris,
              restore=RestoreChoice(restore_plan, restore_world_size, restore_layout),
              mode=mode, loop=loop, verify=not no_verify)
+
+
+def stopped_line(signal: str, target: str) -> str:
+    """What MPI rank 0 says when a signal ends the run (scancel, a time limit, Ctrl-C to
+    mpirun): by whom, and what stays on the target."""
+    step = step_facts()
+    job = (f" (Slurm job {step['job_id']}, step {step.get('step_id', 'batch')})"
+           if step else "")
+    return (f"stopped by {signal}{job}; what the run wrote stays on {redact(target)} with its "
+            "intent record: the next run there reports it, --clean-debris removes it")
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "SchedulerType=sched/builtin", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides",
-            "MpiDefault=none", "ReturnToService=2", "SlurmdTimeout=30", "InactiveLimit=0",
+            "MpiDefault=none", "ReturnToService=2", "SlurmdTimeout=15", "InactiveLimit=0",
             "KillWait=5", "MinJobAge=600", "MessageTimeout=10",
         ]
         lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports[n]} "
