@@ -170,7 +170,7 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
     backend_options_ = options_for_target(root, backend_flags)
     launch = open_launcher(launcher)
     stall = parse_stall_timeout(stall_timeout)
-    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks end at once (runner.signals).
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         block = parse_size(block_size, "--block-size")
         backend = open_backend(root, backend_options_, IOHints(block_size=block,
