@@ -122,7 +122,7 @@ def test_scancel_mid_save_ends_the_run(cluster, tmp_path):
     assert cluster.run("scancel", job, timeout=30).returncode == 0
     err, _ = ended(proc, within=60)
     check_the_end(cluster, tmp_path, err)
-    assert cluster.job_state(job) == "CANCELLED"
+    assert cluster.wait_job(job, timeout=60) == "CANCELLED"
 
 
 def test_a_node_killed_mid_save_ends_the_run(cluster, tmp_path):
@@ -136,7 +136,7 @@ def test_a_node_killed_mid_save_ends_the_run(cluster, tmp_path):
     err, _ = ended(proc, within=120)
     assert "Node failure on n2" in err
     check_the_end(cluster, tmp_path, err)
-    assert cluster.job_state(job) == "NODE_FAIL"
+    assert cluster.wait_job(job, timeout=60) == "NODE_FAIL"
 
 
 def test_a_time_limit_mid_save_ends_the_run(cluster, tmp_path):
@@ -148,4 +148,4 @@ def test_a_time_limit_mid_save_ends_the_run(cluster, tmp_path):
     err, _ = ended(proc, within=180)
     assert "DUE TO TIME LIMIT" in err
     check_the_end(cluster, tmp_path, err, clean=False)
-    assert cluster.job_state(job) == "TIMEOUT"
+    assert cluster.wait_job(job, timeout=60) == "TIMEOUT"

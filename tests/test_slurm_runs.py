@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,14 +35,6 @@ def job_env(tmp: Path) -> dict[str, str]:
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m ckptbench \"$@\"\n")
     shim.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
-
-
-def wait_for_state(slurm, job_id: str, states: set[str], within: float) -> str:
-    deadline = time.monotonic() + within
-    while (state := slurm.job_state(job_id)) not in states:
-        assert time.monotonic() < deadline, f"job {job_id} still {state!r} after {within} s"
-        time.sleep(0.2)
-    return state
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +103,7 @@ def test_sbatch_runs_the_docs_script(slurm, tmp_path):
                      RESULTS=str(results), **job_env(tmp_path))
     assert done.returncode == 0, done.tail()
     job_id = done.stdout.strip().split(";")[0]
-    state = wait_for_state(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                           "NODE_FAIL", "OUT_OF_MEMORY"}, within=300)
+    state = slurm.wait_job(job_id, timeout=300)
     assert state == "COMPLETED", (tmp_path / "job.out").read_text()[-2000:]
     run = records(results)[0]
     assert run["scheduler"]["job_id"] == int(job_id) and run["scheduler"]["step_id"] == 0

@@ -47,6 +47,7 @@ BASE_ENV = "CKPTBENCH_SLURM_DIR"  # where clusters make their directories (CI: i
 MARKER = "CKPTBENCH_SLURM_CLUSTER"  # env var naming the cluster's directory
 NODE_MARKER = "CKPTBENCH_SLURM_NODE"  # env var naming a slurmd's node (its slurmstepds keep it)
 MPI_PLUGIN = "pmix"
+LIVE_STATES = frozenset({"", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"})
 OMPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
 
 
@@ -255,6 +256,16 @@ class SlurmCluster:
         out = self.run("scontrol", "-o", "show", "job", job_id, timeout=30).stdout
         fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
         return fields.get("JobState", "")
+
+    def wait_job(self, job_id: str, timeout: float = 300) -> str:
+        """The job's final state (COMPLETED, CANCELLED, TIMEOUT, NODE_FAIL, FAILED...),
+        once it is no longer pending, running or completing."""
+        deadline = time.monotonic() + timeout
+        while (state := self.job_state(job_id)) in LIVE_STATES:
+            if time.monotonic() > deadline:
+                raise ToolError(f"Slurm job {job_id} still {state or 'unknown'} after {timeout:.0f} s")
+            time.sleep(0.2)
+        return state
 
     def log_tail(self, name: str, chars: int = 600) -> str:
         for path in (self.log_dir / f"{name}.log", self.log_dir / f"{name}.out"):
