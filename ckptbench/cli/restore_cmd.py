@@ -33,10 +33,12 @@ from ckptbench.formats.manifest import load_manifest
 from ckptbench.measure import measure
 from ckptbench.payload import MODES as PAYLOAD_MODES
 from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
+from ckptbench.redact import redact
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE
-from ckptbench.runner.signals import stop_on_signals
+from ckptbench.runner.scheduler import job_text
+from ckptbench.runner.signals import say_on_signal, stop_on_signals
 from ckptbench.spec import Workload, workload_from_dict
 from ckptbench.units import parse_size
 
@@ -171,6 +173,9 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
     launch = open_launcher(launcher)
     stall = parse_stall_timeout(stall_timeout)
     # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks end at once (runner.signals).
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: f"stopped by {name}{job_text()}; the restore only read "
+                                   f"{redact(checkpoint)}: nothing to clean up")
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         block = parse_size(block_size, "--block-size")
         backend = open_backend(root, backend_options_, IOHints(block_size=block,

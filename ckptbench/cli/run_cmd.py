@@ -35,7 +35,7 @@ from ckptbench.redact import redact
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
-from ckptbench.runner.scheduler import step_facts
+from ckptbench.runner.scheduler import job_text
 from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
 from ckptbench.spec import load_workload, scaled
 from ckptbench.units import parse_duration, parse_size
@@ -185,10 +185,7 @@ def run_command(workload: str, target: str, iterations: int, scale: int, ranks: 
 def stopped_line(signal: str, target: str) -> str:
     """What MPI rank 0 says when a signal ends the run (scancel, a time limit, Ctrl-C to
     mpirun): by whom, and what stays on the target."""
-    step = step_facts()
-    job = (f" (Slurm job {step['job_id']}, step {step.get('step_id', 'batch')})"
-           if step else "")
-    return (f"stopped by {signal}{job}; what the run wrote stays on {redact(target)} with its "
+    return (f"stopped by {signal}{job_text()}; what the run wrote stays on {redact(target)} with its "
             "intent record: the next run there reports it, --clean-debris removes it")
 
 

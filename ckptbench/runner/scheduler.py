@@ -65,6 +65,14 @@ def step_facts(environ: Mapping[str, str] | None = None) -> dict[str, Any] | Non
     return facts
 
 
+def job_text(environ: Mapping[str, str] | None = None) -> str:
+    """' (Slurm job 12, step 0)' inside a Slurm job, '' outside: for one-line messages."""
+    step = step_facts(environ)
+    if step is None:
+        return ""
+    return f" (Slurm job {step.get('job_id', '?')}, step {step.get('step_id', 'batch')})"
+
+
 def process_facts(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """This process's place in the step: its node, task id, task id on the node, the
     node's index; and the machine's host name (which emulated nodes share)."""

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import socket
 
-from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
+from ckptbench.runner.scheduler import (
+    job_text,
+    node_name,
+    placement,
+    process_facts,
+    step_facts,
+)
 
 STEP = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "gpu[01-02]",
         "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_STEP_NUM_NODES": "2",
@@ -30,6 +36,7 @@ def test_the_step_the_job_and_the_node_come_from_slurm():
     env = {**STEP, "SLURMD_NODENAME": "gpu02", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
            "SLURM_NODEID": "1"}
     assert node_name(env) == "gpu02"
+    assert job_text(env) == " (Slurm job 42, step 3)" and job_text({}) == ""
     assert process_facts(env) == {"node": "gpu02", "host": socket.gethostname(), "task": 2,
                                   "local_task": 0, "node_index": 1}
 
