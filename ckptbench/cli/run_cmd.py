@@ -25,8 +25,8 @@ from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.measure import build_request, bytes_to_move, measure
 from ckptbench.records import environment
-from ckptbench.replay import Recorded, differences, overridden, read_recorded
 from ckptbench.redact import redact
+from ckptbench.replay import Recorded, differences, overridden, read_recorded
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunRequest, open_launcher
 from ckptbench.runner.scheduler import job_text
