@@ -23,9 +23,11 @@ from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
+from ckptbench.report.tiers import summarize_tiers
 from ckptbench.runner import Launcher, RunOptions, RunRequest, kept, new_run_id, run_session
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
 from ckptbench.spec import Workload, load_workload, scaled, with_restore_layout
+from ckptbench.tierspec import TiersSpec, tiers_with_flags
 from ckptbench.units import format_bytes
 
 
@@ -51,6 +53,7 @@ def build_request(workload: str | Path | Workload, target: str | None = None, *,
     settings["format"] = fmt
     codec = check_format(fmt, settings["codec"], plan, selected)
     settings["codec"] = codec.text() if fmt == "zarr" else "none"
+    extra["tiers"] = tiers_of(command, full.tiers, settings, extra.pop("tiers_spec", None))
     run_options = _run_options(settings, extra, fmt, run_workload.checkpoint.threads)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
@@ -112,6 +115,8 @@ def _settings(command: str, target: str | None, given: Mapping[str, Any]
         given.update({f"loop.{k}": v for k, v in loop.__dict__.items()})
     if target is not None:
         given["target"] = target
+    if isinstance(given.get("tiers"), TiersSpec):  # the RunOptions field, not the option
+        given["tiers_spec"] = given.pop("tiers")
     extra: dict[str, Any] = {}
     for key, value in given.items():
         opt = by_field.get(key) if key not in settings else runspec.option(key)
@@ -138,6 +143,17 @@ def _run_options(settings: dict[str, Any], extra: dict[str, Any], fmt: str,
                   restore_plan=settings["restore_plan"], codec=settings["codec"], format=fmt)
     extra.setdefault("run_id", new_run_id())
     return RunOptions(**fields, loop=LoopOptions(**loop), **extra)
+
+
+def tiers_of(command: str, base: TiersSpec, settings: Mapping[str, Any],
+             spec: TiersSpec | None = None) -> TiersSpec:
+    """The recovery tiers of a `run`: the workload's [tiers] (`base`) with the tier options
+    given (or a TiersSpec given whole); the other commands have none."""
+    if spec is not None:
+        return spec
+    if command != "run":
+        return TiersSpec()
+    return tiers_with_flags(base, {key: settings[name] for name, key in runspec.TIER_KEYS.items()})
 
 
 def check_settings(settings: Mapping[str, Any], fmt: str) -> None:
@@ -226,7 +242,8 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
         failure = run_session(req, launcher, sink, on_progress, on_start, on_notice)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
-            sink.write_all(summarize(sink.records) + summarize_async(sink.records))
+            sink.write_all(summarize(sink.records) + summarize_async(sink.records)
+                           + summarize_tiers(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
         elif sink is not None:

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ckptbench"
 # Steps of the data flow, first to last; a module's step is its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
     ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields"),
-    ("ckptbench.models", "ckptbench.spec"),
+    ("ckptbench.models", "ckptbench.spec", "ckptbench.tierspec"),
     ("ckptbench.plan",),
     ("ckptbench.payload",),
     ("ckptbench.backends",),

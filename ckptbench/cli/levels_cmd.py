@@ -20,6 +20,7 @@ from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.records import read_records
 from ckptbench.report import levels_figures
+from ckptbench.report.tiers import measured_levels
 from ckptbench.simulate import Failures, simulate
 from ckptbench.units import format_duration, parse_duration, parse_fraction
 
@@ -76,7 +77,16 @@ class _Job:
 def _job(options: dict[str, Any]) -> _Job:
     if options["plot"] is not None:  # before any work
         check_output_path(options["plot"], "--plot", ".png", options["force"])
-    parsed = [_level(t) for t in options["level_texts"]]
+    texts = options["level_texts"]
+    if options["tiers_results"] is not None:
+        if texts:
+            raise SpecError("--tiers-results and --level: allowed: one of them (the levels "
+                            "measured, or the levels given)")
+        texts = measured_levels(options["tiers_results"])
+    elif not texts:
+        raise SpecError("--level is required (NAME:SAVE:RESTORE:SCOPE, repeatable), or "
+                        "--tiers-results RUN.jsonl of a `ckptbench run --tiers`")
+    parsed = [_level(t) for t in texts]
     levels = tuple(lv for lv, _ in parsed)
     scopes = tuple(s for _, s in parsed)
     classes = fc.classes_from(options["preset"], [fc.parse_class(t)
@@ -129,7 +139,11 @@ def _epilog(command: str) -> str:
 def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options both commands take (declared once)."""
     for option in reversed([
-        click.option("--level", "level_texts", multiple=True, required=True,
+        click.option("--tiers-results", type=click.Path(dir_okay=False), default=None,
+                     metavar="RUN.jsonl",
+                     help="The levels as a `run --tiers` measured them (memory, peer, "
+                          "storage at the run's size), instead of --level."),
+        click.option("--level", "level_texts", multiple=True,
                      metavar="NAME:SAVE:RESTORE:SCOPE",
                      help="A checkpoint level, cheapest first: blocking save and restore time "
                           "(bare number: seconds) and the widest failure scope its copy survives"

@@ -14,6 +14,7 @@ from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
 from ckptbench.report import load, table
+from ckptbench.report.tiers_table import render_tiers
 
 
 @click.command("report")
@@ -71,6 +72,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
             w = table.output_width(wide, width)
             console = table.console_for(w)
             table.render_summary(console, loaded, w)
+            render_tiers(console, loaded, w)
             if answers is not None:
                 table.render(console, job_grid(answers), w)
     except table.ClosedOutput as exc:  # the page and the plots are still written

@@ -28,6 +28,7 @@ from ckptbench.records import environment
 from ckptbench.redact import redact
 from ckptbench.replay import Recorded, differences, overridden, read_recorded
 from ckptbench.report import table
+from ckptbench.report.tiers_table import render_tiers
 from ckptbench.runner import Launcher, RunRequest, open_launcher
 from ckptbench.runner.scheduler import job_text
 from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
@@ -183,11 +184,13 @@ def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if run["json"]:
-        extra = {"async": outcome["async"]} if outcome.get("async") else {}
+        extra = {k: outcome[k] for k in ("async", "tiers") if outcome.get(k)}
         click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"],
                                **extra}, indent=2))
     else:
-        table.render_summary(table.console_for(width, plain=launch.kind == "mpi"), [outcome], width)
+        console = table.console_for(width, plain=launch.kind == "mpi")
+        table.render_summary(console, [outcome], width)
+        render_tiers(console, [outcome], width)
         click.echo(f"results: {results_path}")
 
 

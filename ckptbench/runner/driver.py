@@ -100,6 +100,11 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     process)."""
     run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
                      names)
+    if options.tier_plan is not None:  # memory, peer and storage tiers (runner.tiers)
+        from ckptbench.runner.tiers import TierRun
+
+        TierRun(run).run_all()
+        return
     if options.mode == "async":  # checkpoints of a training loop (runner.async_mode)
         from ckptbench.runner.async_mode import AsyncLoop
 

@@ -51,6 +51,7 @@ from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
 from ckptbench.runner.startup import startup_record
+from ckptbench.runner.tiers import place_tiers
 
 Progress = Callable[[int], None]
 
@@ -323,6 +324,10 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     check_supported(req.plan, req.backend, req.options.restore, len(topo.groups),
                     req.options.format)
     launcher.agree(resource_error(req, topo), "checking the memory the run needs")
+    if req.options.tiers.enabled:
+        tiered, refused = place_tiers(req.options, req.plan, topo.groups, topo.hosts)
+        launcher.agree(refused, "placing the recovery tiers")
+        req = replace(req, options=tiered)
     shift = restore_shift(req, topo, launcher.kind)
     if req.options.uses_restore_plan:
         format_class(req.options.format).check_restore(req.plan, topo.groups, shift["value"])
