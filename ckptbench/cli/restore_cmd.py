@@ -15,10 +15,12 @@ from ckptbench.cli.backend_options import backend_options, options_for_target, t
 from ckptbench.cli.run_cmd import quiet_unless_root, stopped_as
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.measure import bytes_to_move, measure, restore_request
+from ckptbench.redact import redact
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunRequest, open_launcher
 from ckptbench.runner.kept import split_checkpoint
-from ckptbench.runner.signals import stop_on_signals
+from ckptbench.runner.scheduler import job_text
+from ckptbench.runner.signals import say_on_signal, stop_on_signals
 
 
 @click.command("restore", cls=GroupedCommand)
@@ -33,7 +35,10 @@ def restore_command(checkpoint: str, **_values: Any) -> None:
     root, _ = split_checkpoint(checkpoint)
     backend = options_for_target(root, typed_backend_flags(ctx))
     launch = open_launcher(opts["launcher"])
-    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks end at once (runner.signals).
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: f"stopped by {name}{job_text()}; the restore only read "
+                                   f"{redact(checkpoint)}: nothing to clean up")
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         req = restore_request(checkpoint, opts, backend)
         path = Path(opts["results"]) if opts["results"] else \

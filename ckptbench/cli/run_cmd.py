@@ -25,11 +25,13 @@ from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.measure import build_request, bytes_to_move, measure
 from ckptbench.records import environment
+from ckptbench.redact import redact
 from ckptbench.replay import Recorded, differences, overridden, read_recorded
 from ckptbench.report import table
 from ckptbench.report.tiers_table import render_tiers
 from ckptbench.runner import Launcher, RunRequest, open_launcher
-from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
+from ckptbench.runner.scheduler import job_text
+from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
 from ckptbench.runspec import read_benchmark_file, request_options
 from ckptbench.spec import Workload
 
@@ -112,12 +114,22 @@ def run_command(workload: str | None, replay: str | None, **_values: Any) -> Non
         source = str(bench.workload)
         backend = options_for_target(run["target"], flags)  # refused before anything runs
     launch = open_launcher(run["launcher"])
-    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C and clean up; MPI ranks end at once
+    # (runner.signals), MPI rank 0 with one line.
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: stopped_line(name, run["target"]))
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         req = build_request(source, backend_options=backend, **request_options(run))
         if recorded is not None and launch.root:
             _say_differences(recorded, req, run)
         _run(launch, req, run)
+
+
+def stopped_line(signal: str, target: str) -> str:
+    """What MPI rank 0 says when a signal ends the run (scancel, a time limit, Ctrl-C to
+    mpirun): by whom, and what stays on the target."""
+    return (f"stopped by {signal}{job_text()}; what the run wrote stays on {redact(target)} with its "
+            "intent record: the next run there reports it, --clean-debris removes it")
 
 
 def replayed_backend_options(recorded: Recorded, target: str, flags: dict[str, Any]

@@ -15,7 +15,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +24,7 @@ from ckptbench.records import ErrorRecord, JsonlSink, Record, as_dict
 from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
 from ckptbench.runner.stall import OnStall, Publish, StallWatch
 from ckptbench.runner.watch_ranks import Inbox, RankWatch
@@ -154,9 +154,11 @@ class LocalLauncher(Launcher):
         self._set_up: tuple[float | None, str] = (None, "not measured")
 
     def topology(self, req: RunRequest) -> Topology:
-        host, ranks = socket.gethostname(), req.ranks
+        host, ranks = node_name(), req.ranks
+        found = placement(step_facts(), [process_facts()], [list(ranks)])  # one task: this one
         return Topology(req.options.run_id, [[r] for r in ranks], [host] * len(ranks),
-                        {"method": "one host: all processes read the same CLOCK_MONOTONIC"})
+                        {"method": "one host: all processes read the same CLOCK_MONOTONIC"},
+                        {"scheduler": found} if found else {})
 
     def run(self, req: RunRequest, topo: Topology, sink: JsonlSink | None,
             progress: Progress | None) -> None:
