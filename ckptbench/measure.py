@@ -15,10 +15,13 @@ from typing import Any
 from ckptbench.backends import BackendOptions, IOHints, open_backend
 from ckptbench.fields import parse_ranks
 from ckptbench.formats import check_format
-from ckptbench.plan import build_plan
+from ckptbench.plan import Plan, build_plan
+from ckptbench.plan.restore import restore_plan_of
+from ckptbench.progress import Segment, Status
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, run_session
+from ckptbench.runner.sequence import steps
 from ckptbench.spec import load_workload, scaled
 
 
@@ -81,3 +84,37 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
     if failure is not None:
         raise failure
     return outcome
+
+
+def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:
+    """Bytes one restore reads: the DCP plan's reads of the ranks that run, or the files."""
+    if restore_plan != "dcp":
+        return plan.bytes_of_ranks(selected)
+    rplan = restore_plan_of(plan)  # built here, before the processes fork: they share it
+    if len(selected) == plan.world_size:
+        return rplan.total_bytes
+    return rplan.bytes_of_ranks([r for r in selected if r < rplan.world_size])
+
+
+def progress_segments(req: RunRequest) -> list[Segment]:
+    """The stretches of `req`'s bytes in the order the ranks move them (behind barriers):
+    each checkpoint's save (an async run's persist) and restore, in the run's sequence."""
+    o = req.options
+    n = o.iterations
+    saves = 0 if o.checkpoint else req.plan.bytes_of_ranks(req.ranks)
+    reads = restore_bytes(req.plan, req.ranks, o.restore_plan) if o.restore else 0
+    save = "persist" if o.mode == "async" else "save"
+    order = steps("writes-then-reads" if o.mode == "async" else o.sequence, n)
+    out: list[Segment] = []
+    for step in order:
+        if step.save and saves:
+            out.append(Segment(f"{save} checkpoint {step.iteration}/{n}", saves))
+        if step.read and reads:
+            out.append(Segment(f"restore checkpoint {step.iteration}/{n}", reads))
+    return out or [Segment("run", 0)]
+
+
+def run_status(req: RunRequest, command: str, launcher: Launcher | None = None) -> Status:
+    """The progress of `req` on stderr (ckptbench.progress), on process 0 alone: pass its
+    advance as `measure`'s on_progress and its note as on_notice."""
+    return Status(command, progress_segments(req), enabled=launcher is None or launcher.root)

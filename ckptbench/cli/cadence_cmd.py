@@ -18,6 +18,7 @@ from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
+from ckptbench.progress import current, shows_progress
 from ckptbench.spec import Workload, load_workload
 from ckptbench.units import (
     format_bytes,
@@ -182,6 +183,7 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
                    "target (ranks per node, bytes per rank, tiny files, too few samples; its "
                    "warnings are printed with the answer), and replace a file or link at --plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@shows_progress("cadence", "reading the results")
 def cadence_command(results: tuple[Path, ...], workload_path: str | None,
                     checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
                     aggregate_bandwidth: str | None, restore_world_size: int | None,
@@ -219,6 +221,7 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
 
     job = None
     if measured and (save_seconds is None or restore_seconds is None):
+        current().phase("modelling the job")
         job = _job_model(measured, plan, checkpoint_bytes, gpus, gpus_per_node, ceiling,
                          workload_path, restart, need_restore=restore_seconds is None,
                          force=force)
@@ -234,6 +237,7 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
                        interference, per_gpu)
     cost = cadence.CheckpointCost(split.save_s, restore_s, split.persist_s, split.interference)
 
+    current().phase("finding the interval")
     model = cadence.failure_model(
         mtbf_s=parse_duration(mtbf, "--mtbf", "h", allow_inf=True) if mtbf else None,
         preset=failure_preset,

@@ -13,7 +13,7 @@ from rich.table import Table
 from ckptbench.backends.local import LocalBackend
 from ckptbench.cli.run_cmd import quiet_unless_root
 from ckptbench.errors import SpecError
-from ckptbench.measure import build_request, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.mlperf import CHECKPOINTS, GIB, Comparison, compare, facts, rules
 from ckptbench.records import read_records
 from ckptbench.report import summarize, throughput
@@ -134,13 +134,18 @@ def mlperf_command(workload: str, target: str, iterations: int, scale: int, rank
     it MLPerf's way next to ckptbench's, with the ratio and the CLOSED rules the run breaks."""
     launch = open_launcher(launcher)
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
+        if launch.root:  # at once: the plan and the run take minutes
+            click.echo(f"mlperf: {Path(workload).stem}, {iterations} checkpoint(s) "
+                       f"({sequence}) -> {target}", err=True)
         req = build_request(workload, target, scale=scale, ranks=ranks, iterations=iterations,
                             threads=1, format="torch-save", cache=cache, sequence=sequence,
                             block_size=parse_size(block_size, "--block-size"))
         check_disk(req)
         path = Path(results) if results else \
             Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
-        if measure(req, path, launch) is not None:  # None: MPI ranks other than 0
+        with run_status(req, "mlperf", launch) as status:
+            outcome = measure(req, path, launch, on_progress=status.advance)
+        if outcome is not None:  # None: MPI ranks other than 0
             report(req, path, scale, as_json)
 
 

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptbench.backends import Backend, IOHints, open_backend
 from ckptbench.backends.base import TARGET_MARKER
@@ -21,7 +19,6 @@ from ckptbench.cli.run_cmd import (
     RestoreChoice,
     parse_stall_timeout,
     quiet_unless_root,
-    restore_bytes,
     stall_timeout_option,
     stopped_as,
 )
@@ -30,7 +27,7 @@ from ckptbench.fields import shown
 from ckptbench.formats import check_format
 from ckptbench.formats.base import MANIFEST_SCHEMA
 from ckptbench.formats.manifest import load_manifest
-from ckptbench.measure import measure
+from ckptbench.measure import measure, run_status
 from ckptbench.payload import MODES as PAYLOAD_MODES
 from ckptbench.plan import MANIFEST_NAME, Plan, build_plan
 from ckptbench.report import table
@@ -197,20 +194,15 @@ def restore_command(checkpoint: str, iterations: int, threads: int | None, block
                          options=options, restore_shift_auto=restore_shift is None)
         path = Path(results) if results else \
             Path("results") / f"{workload.name}-restore-{options.run_id}.jsonl"
-        _measure(launch, req, path, restore_bytes(plan, ranks, restore_plan) * iterations,
-                 checkpoint, as_json)
+        _measure(launch, req, path, checkpoint, as_json)
 
 
-def _measure(launch: Launcher, req: RunRequest, path: Path, total: int, checkpoint: str,
+def _measure(launch: Launcher, req: RunRequest, path: Path, checkpoint: str,
              as_json: bool) -> None:
-    console = Console(stderr=True, quiet=not launch.root)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                  TransferSpeedColumn(), console=console, transient=True,
-                  disable=not launch.root) as progress:
-        task = progress.add_task("restore", total=total)
-        with stopped_as(f"the restore of {checkpoint}", path):
-            outcome = measure(req, path, launch, on_progress=lambda n: progress.advance(task, n),
-                              on_start=lambda: click.echo(f"restoring {checkpoint}"))
+    with run_status(req, "restore", launch) as status, \
+            stopped_as(f"the restore of {checkpoint}", path):
+        outcome = measure(req, path, launch, on_progress=status.advance,
+                          on_start=lambda: click.echo(f"restoring {checkpoint}", err=True))
     if outcome is None:
         return
     if as_json:

@@ -10,15 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from ckptbench.backends import IOHints, open_backend
 from ckptbench.cli.async_options import async_options, loop_options
@@ -27,10 +18,9 @@ from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.fields import parse_ranks
 from ckptbench.formats import FORMATS, check_format
-from ckptbench.measure import measure
+from ckptbench.measure import measure, run_status
 from ckptbench.payload import MODES
-from ckptbench.plan import Plan, build_plan
-from ckptbench.plan.restore import restore_plan_of
+from ckptbench.plan import build_plan
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunOptions, RunRequest, new_run_id, open_launcher
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
@@ -203,16 +193,6 @@ class RestoreChoice:
         return plan
 
 
-def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:
-    """Bytes one restore reads: the DCP plan's reads of the ranks that run, or the files."""
-    if restore_plan != "dcp":
-        return plan.bytes_of_ranks(selected)
-    rplan = restore_plan_of(plan)  # built here, before the processes fork: they share it
-    if len(selected) == plan.world_size:
-        return rplan.total_bytes
-    return rplan.bytes_of_ranks([r for r in selected if r < rplan.world_size])
-
-
 def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: int, ranks: str | None,
          threads: int | None, block_size: str, payload: str, seed: int, prefill: str, keep: bool,
          no_restore: bool, cache: str, restore_shift: int | None, results: str | None,
@@ -246,9 +226,6 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     backend = open_backend(target, options_for_target(target, backend_flags), hints)
     results_path = Path(results) if results else Path("results") / f"{full.name}-{run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(selected)
-    reads = 0 if no_restore else restore_bytes(plan, selected, restore_plan)
-    total = (per_iter + reads) * iterations
-    console = Console(stderr=True, quiet=not launch.root)
     req = RunRequest(workload=full, plan=plan, ranks=selected, backend=backend, options=options,
                      scale=scale, restore_shift_auto=restore_shift is None)
 
@@ -257,17 +234,12 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
                    f"{per_iter / 2**30:.3f} GiB per checkpoint, {iterations} iteration(s) -> {target}"
                    + ("" if verify else " (restores NOT verified: --no-verify)"),
                    err=True)  # stdout: the results alone
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                  transient=True, disable=not launch.root) as progress:
-        task = progress.add_task("save+restore" if not no_restore else "save", total=total)
+    with run_status(req, "run", launch) as status:
         done = "kept what it finished" if keep else "removed what it wrote"
         with stopped_as(f"the run {done} on {target}", results_path):
-            outcome = measure(req, results_path, launch,
-                              on_progress=lambda n: progress.advance(task, n), on_start=banner,
-                              on_notice=lambda line: console.print(
-                                  f"ckptbench: note: {line}", markup=False, highlight=False,
-                                  soft_wrap=True))
+            outcome = measure(req, results_path, launch, on_progress=status.advance,
+                              on_start=banner, on_notice=lambda line: status.note(
+                                  f"ckptbench: note: {line}"))
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if as_json:

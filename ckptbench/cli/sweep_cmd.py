@@ -22,7 +22,7 @@ from ckptbench import jobmodel
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
-from ckptbench.measure import build_request, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.payload import MODES
 from ckptbench.report import throughput
 from ckptbench.runner import new_run_id
@@ -157,7 +157,8 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
                             backend_options=backend, run_id=f"{new_run_id()}-rpn{k}", **options)
         click.echo(f"{full.name}: {k} rank(s) per node, {iterations} iteration(s) -> {out / name}",
                    err=True)
-        measure(req, out / name)
+        with run_status(req, f"sweep, {k} rank(s) per node") as status:
+            measure(req, out / name, on_progress=status.advance)
         measured.append(jobmodel.read_results(out / name, "sweep"))
         points.append(jobmodel.SweepPoint.of(measured[-1], name))
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,

@@ -247,6 +247,8 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
             for p in procs:
                 if p.is_alive():
                     p.kill()  # SIGKILL: a stopped rank holds a SIGTERM pending for ever
+    if on_progress and sum(shared.progress) != reported:  # the bytes of the last moments
+        on_progress(sum(shared.progress) - reported)
     return first_dead, stall
 
 
