@@ -134,9 +134,6 @@ def mlperf_command(workload: str, target: str, iterations: int, scale: int, rank
     it MLPerf's way next to ckptbench's, with the ratio and the CLOSED rules the run breaks."""
     launch = open_launcher(launcher)
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
-        if launch.root:  # at once: the plan and the run take minutes
-            click.echo(f"mlperf: {Path(workload).stem}, {iterations} checkpoint(s) "
-                       f"({sequence}) -> {target}", err=True)
         req = build_request(workload, target, scale=scale, ranks=ranks, iterations=iterations,
                             threads=1, format="torch-save", cache=cache, sequence=sequence,
                             block_size=parse_size(block_size, "--block-size"))
@@ -144,7 +141,9 @@ def mlperf_command(workload: str, target: str, iterations: int, scale: int, rank
         path = Path(results) if results else \
             Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
         with run_status(req, "mlperf", launch) as status:
-            outcome = measure(req, path, launch, on_progress=status.advance)
+            outcome = measure(req, path, launch, on_progress=status.advance, on_start=lambda:
+                              click.echo(f"mlperf: {req.workload.name}, {iterations} checkpoint(s)"
+                                         f" ({sequence}) -> {target}", err=True))
         if outcome is not None:  # None: MPI ranks other than 0
             report(req, path, scale, as_json)
 
