@@ -116,5 +116,23 @@ def progress_segments(req: RunRequest) -> list[Segment]:
 
 def run_status(req: RunRequest, command: str, launcher: Launcher | None = None) -> Status:
     """The progress of `req` on stderr (ckptbench.progress), on process 0 alone: pass its
-    advance as `measure`'s on_progress and its note as on_notice."""
-    return Status(command, progress_segments(req), enabled=launcher is None or launcher.root)
+    advance (or the status itself: local processes then show the slowest rank) as
+    `measure`'s on_progress and its note as on_notice."""
+    status = Status(command, progress_segments(req), enabled=launcher is None or launcher.root)
+    status.rank_names, status.rank_totals = list(req.ranks), rank_totals(req)
+    return status
+
+
+def rank_totals(req: RunRequest) -> list[int]:
+    """Bytes each rank of `req` moves over the run: its saves and the reads of its place
+    in the restore layout (or its own files read back)."""
+    o = req.options
+    saves = req.plan.rank_bytes()
+    reads = saves
+    if o.restore and o.uses_restore_plan:
+        reads = restore_plan_of(req.plan).rank_bytes()
+    out = []
+    for r in req.ranks:
+        read = int(reads[r]) if o.restore and r < len(reads) else 0
+        out.append(o.iterations * (read + (0 if o.checkpoint else int(saves[r]))))
+    return out

@@ -87,6 +87,17 @@ def locate(segments: Sequence[Segment], done: int) -> tuple[int, int]:
     return len(segments) - 1, segments[-1].total  # pragma: no cover
 
 
+def slowest_rank(names: Sequence[int], moved: Sequence[int], totals: Sequence[int]
+                 ) -> str:
+    """The rank furthest behind, by the share of its own bytes it has moved: `rank 3 at
+    41%` (ranks hold different shares of a checkpoint, so bytes alone would mislead)."""
+    shares = [(m / t if t else 1.0, r) for r, m, t in zip(names, moved, totals, strict=False)]
+    if len(shares) < 2:
+        return ""
+    share, rank = min(shares)
+    return f"rank {rank} at {100 * share:.0f}%" if share < 1 else ""
+
+
 def size(n: float) -> str:
     """Binary units, three significant figures: 1.23 GiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -107,9 +118,10 @@ def clock(seconds: float) -> str:
 
 
 def line(command: str, phase: str, elapsed: float, done: int = 0, total: int = 0,
-         rate: float | None = None, of_phase: tuple[int, int] | None = None) -> str:
+         rate: float | None = None, of_phase: tuple[int, int] | None = None,
+         slowest: str = "") -> str:
     """One plain progress line: `ckptbench run: save checkpoint 2/3: 12.0 MiB of 22.0 MiB
-    (55%), 40.1 MiB/s, ETA 3 s; 91% of all; 9 s`."""
+    (55%), 40.1 MiB/s, ETA 3 s; 91% of all; slowest: rank 3 at 88%; 9 s`."""
     parts = [f"ckptbench {command}: {phase}"]
     if total:
         shown_done, shown_total = of_phase or (done, total)
@@ -120,6 +132,8 @@ def line(command: str, phase: str, elapsed: float, done: int = 0, total: int = 0
             parts.append(f", ETA {clock((total - done) / rate)}")
         if of_phase is not None:
             parts.append(f"; {100 * done / total:.0f}% of all")
+    if slowest:
+        parts.append(f"; slowest: {slowest}")
     parts.append(f"; {clock(elapsed)}")
     return "".join(parts)
 
@@ -150,6 +164,9 @@ class Status:
         self._shown: tuple[str, int] | None = None
         self._last_line = 0.0
         self.printed = 0  # plain lines printed (a final one follows those)
+        self.rank_names: list[int] = []  # per rank: its name and its bytes over the run
+        self.rank_totals: list[int] = []
+        self._ranks_moved: list[int] = []
 
     # --- called by the command (cheap) ---
 
@@ -157,6 +174,14 @@ class Status:
         """Bytes moved (from any thread): a sum under a lock, nothing drawn here."""
         with self._lock:
             self._done += n
+
+    def __call__(self, n: int) -> None:
+        """The status is a launcher's progress callback: bytes moved."""
+        self.advance(n)
+
+    def ranks(self, moved: Sequence[int]) -> None:
+        """Each rank's bytes moved so far (a launcher that sees them: local processes)."""
+        self._ranks_moved = list(moved)
 
     def phase(self, label: str) -> None:
         """A phase without bytes of its own ("building the plan"); with an interval of 0,
@@ -177,12 +202,13 @@ class Status:
 
     # --- what is shown ---
 
-    def _state(self, now: float) -> tuple[str, int, float | None, tuple[int, int] | None]:
-        """(phase, bytes done, rate over the last seconds, done/total of this segment)."""
+    def _state(self, now: float) -> tuple[str, int, float | None, tuple[int, int] | None, str]:
+        """(phase, bytes done, rate over the last seconds, done/total of this segment, the
+        slowest rank)."""
         with self._lock:
             done, phase = self._done, self._phase
         if not self.segments:
-            return phase, 0, None, None
+            return phase, 0, None, None, ""
         samples = self._samples
         if not samples or samples[-1][1] != done or now - samples[-1][0] > 1:
             samples.append((now, done))
@@ -193,7 +219,9 @@ class Status:
         i, within = locate(self.segments, done)
         seg = self.segments[i]
         label = f"{phase}, {seg.label}" if phase else seg.label
-        return label, done, rate, ((within, seg.total) if len(self.segments) > 1 else None)
+        slowest = slowest_rank(self.rank_names, self._ranks_moved, self.rank_totals)
+        return (label, done, rate, (within, seg.total) if len(self.segments) > 1 else None,
+                slowest)
 
     def _tick(self, final: bool = False) -> None:
         with self._draw:  # the thread, and phase() with an interval of 0
@@ -201,10 +229,11 @@ class Status:
 
     def _draw_now(self, final: bool) -> None:
         now = time.monotonic()
-        phase, done, rate, of_phase = self._state(now)
+        phase, done, rate, of_phase, slowest = self._state(now)
         elapsed = now - self._start
         if self.kind == "live":
-            self._live.update(self._task, description=phase, completed=done)
+            self._live.update(self._task, completed=done, description=phase + (
+                f" (slowest: {slowest})" if slowest else ""))
             return
         interval = self.settings.interval
         changed = self._shown != (phase, done)
@@ -212,7 +241,7 @@ class Status:
                and elapsed >= interval)
         if (due and phase) or (final and self.printed):
             self.stream.write(line(self.command, phase + (" (done)" if final else ""), elapsed,
-                                   done, self.total, rate, of_phase) + "\n")
+                                   done, self.total, rate, of_phase, slowest) + "\n")
             self.stream.flush()
             self.printed += 1
             self._shown, self._last_line = (phase, done), now

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.errors import SpecError
-from ckptbench.progress import Segment, Settings, Status, line, locate
+from ckptbench.progress import Segment, Settings, Status, line, locate, slowest_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "workloads" / "tiny.toml")
@@ -51,6 +51,13 @@ def test_line_names_phase_bytes_rate_and_eta() -> None:
                 rate=2**20, of_phase=(3 * 2**20, 4 * 2**20))
     assert text == ("ckptbench run: save checkpoint 1/2: 3 MiB of 4 MiB (75%), 1 MiB/s, "
                     "ETA 5 s; 38% of all; 3 s")
+
+
+def test_slowest_rank_is_by_its_own_share() -> None:
+    """Rank 5 moved fewer bytes than rank 4 but holds fewer: rank 4 is behind."""
+    assert slowest_rank([4, 5], [50, 40], [200, 50]) == "rank 4 at 25%"
+    assert slowest_rank([4, 5], [200, 50], [200, 50]) == ""  # all done
+    assert slowest_rank([4], [0], [10]) == ""  # one rank: the line says it already
 
 
 @pytest.mark.parametrize(("env", "needle"), [
@@ -100,6 +107,7 @@ def test_run_in_a_pipe_prints_phase_bytes_and_rate_and_json_stays_pure(tmp_path:
         assert any(f": {phase}" in x for x in lines), (phase, r.stderr)
     assert all(f" of {TINY_MIB} (" in x for x in lines), lines
     assert any(re.search(r", [\d.]+ [KMG]iB/s", x) for x in lines), lines
+    assert any(re.search(r"; slowest: rank \d at \d+%", x) for x in lines), lines
     assert lines[-1].startswith("ckptbench run: restore checkpoint 2/2 (done): "
                                 f"{TINY_MIB} of {TINY_MIB} (100%)"), lines[-1]
 

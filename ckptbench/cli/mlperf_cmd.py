@@ -141,7 +141,7 @@ def mlperf_command(workload: str, target: str, iterations: int, scale: int, rank
         path = Path(results) if results else \
             Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
         with run_status(req, "mlperf", launch) as status:
-            outcome = measure(req, path, launch, on_progress=status.advance, on_start=lambda:
+            outcome = measure(req, path, launch, on_progress=status, on_start=lambda:
                               click.echo(f"mlperf: {req.workload.name}, {iterations} checkpoint(s)"
                                          f" ({sequence}) -> {target}", err=True))
         if outcome is not None:  # None: MPI ranks other than 0

@@ -201,7 +201,7 @@ def _measure(launch: Launcher, req: RunRequest, path: Path, checkpoint: str,
              as_json: bool) -> None:
     with run_status(req, "restore", launch) as status, \
             stopped_as(f"the restore of {checkpoint}", path):
-        outcome = measure(req, path, launch, on_progress=status.advance,
+        outcome = measure(req, path, launch, on_progress=status,
                           on_start=lambda: click.echo(f"restoring {checkpoint}", err=True))
     if outcome is None:
         return

@@ -237,7 +237,7 @@ def _run(launch: Launcher, workload: str, target: str, iterations: int, scale: i
     with run_status(req, "run", launch) as status:
         done = "kept what it finished" if keep else "removed what it wrote"
         with stopped_as(f"the run {done} on {target}", results_path):
-            outcome = measure(req, results_path, launch, on_progress=status.advance,
+            outcome = measure(req, results_path, launch, on_progress=status,
                               on_start=banner, on_notice=lambda line: status.note(
                                   f"ckptbench: note: {line}"))
     if outcome is None:  # MPI ranks other than 0 print nothing

@@ -158,7 +158,7 @@ def sweep_command(workload: str, counts: str, target: str, iterations: int, scal
         click.echo(f"{full.name}: {k} rank(s) per node, {iterations} iteration(s) -> {out / name}",
                    err=True)
         with run_status(req, f"sweep, {k} rank(s) per node") as status:
-            measure(req, out / name, on_progress=status.advance)
+            measure(req, out / name, on_progress=status)
         measured.append(jobmodel.read_results(out / name, "sweep"))
         points.append(jobmodel.SweepPoint.of(measured[-1], name))
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,
