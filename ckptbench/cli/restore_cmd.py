@@ -202,7 +202,8 @@ def _measure(launch: Launcher, req: RunRequest, path: Path, checkpoint: str,
     with run_status(req, "restore", launch) as status, \
             stopped_as(f"the restore of {checkpoint}", path):
         outcome = measure(req, path, launch, on_progress=status,
-                          on_start=lambda: click.echo(f"restoring {checkpoint}", err=True))
+                          on_start=None if as_json else  # --json: the JSON alone on stdout
+                          lambda: click.echo(f"restoring {checkpoint}"))
     if outcome is None:
         return
     if as_json:
