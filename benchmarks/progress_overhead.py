@@ -11,7 +11,10 @@ script reads. Two launches:
   threads call the status's ``advance`` on every block.
 
 Reported per launch and phase: the median over pairs of each run's median phase seconds,
-off and on, and the ratio of the medians (on / off; 1.00: no cost).
+off and on, the ratio of the medians (on / off; 1.00: no cost), and the per-pair ratios'
+median and range (how much the machine's noise moves one pair). And, independent of the
+machine's load, what one ``advance`` call costs (the only call made while bytes move)
+against the time an 8 MiB block takes at 10 GB/s.
 
     python benchmarks/progress_overhead.py --pairs 8
     python benchmarks/progress_overhead.py --workload workloads/llama3-8b-fsdp2-8.toml --scale 16
@@ -26,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +99,19 @@ def run_in_process(workload: Path, work: Path, on: bool, args: argparse.Namespac
     return phase_seconds(results)
 
 
+def advance_cost(calls: int = 1_000_000) -> float:
+    """Seconds one Status.advance call takes (progress on, plain lines every 5 s)."""
+    from ckptbench.progress import Segment, Settings, Status
+
+    status = Status("run", [Segment("save", calls)], settings=Settings("plain", 5.0),
+                    stream=io.StringIO())
+    with status:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            status.advance(1)
+        return (time.perf_counter() - t0) / calls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", type=Path, default=None, help="default: ~100 MB, 2 ranks")
@@ -120,14 +137,22 @@ def main() -> None:
         print(f"{args.pairs} interleaved pairs, {args.iterations} iterations a run, "
               f"workload {workload.name} at scale {args.scale}; seconds: median over pairs "
               "of each run's median phase")
-        print(f"{'launch':<11} {'phase':<8} {'off s':>9} {'on s':>9} {'on/off':>7}")
+        print(f"{'launch':<11} {'phase':<8} {'off s':>9} {'on s':>9} {'on/off':>7}   "
+              "per-pair on/off: median [min, max]")
         for launch in chosen:
             for phase in PHASES:
                 med: dict[bool, Any] = {}
                 for on in (False, True):
                     med[on] = statistics.median(r[phase] for r in got[(launch, on)])
+                pairs = [a[phase] / b[phase] for a, b in zip(got[(launch, True)],
+                                                             got[(launch, False)], strict=True)]
                 print(f"{launch:<11} {phase:<8} {med[False]:9.4f} {med[True]:9.4f} "
-                      f"{med[True] / med[False]:7.3f}")
+                      f"{med[True] / med[False]:7.3f}   {statistics.median(pairs):.3f} "
+                      f"[{min(pairs):.3f}, {max(pairs):.3f}]")
+    per_call = advance_cost()
+    block_s = 8 * 2**20 / 10e9
+    print(f"advance(): {per_call * 1e9:.0f} ns a call; an 8 MiB block at 10 GB/s takes "
+          f"{block_s * 1e6:.0f} us: {per_call / block_s:.2e} of it")
 
 
 if __name__ == "__main__":
