@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ckptbench"
 
 # Steps of the data flow, first to last; a module's step is its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
-    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields"),
+    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields",
+     "ckptbench.progress"),
     ("ckptbench.models", "ckptbench.spec"),
     ("ckptbench.plan",),
     ("ckptbench.payload",),
