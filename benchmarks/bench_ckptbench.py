@@ -16,14 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ckptbench.backends import open_backend
-from ckptbench.measure import measure
+from ckptbench.measure import build_request, measure
 from ckptbench.payload import PayloadGenerator, Region
 from ckptbench.plan import build_plan
 from ckptbench.plan.export import restore_summary
 from ckptbench.plan.restore import build_restore_plan
-from ckptbench.runner import RunOptions, RunRequest, new_run_id
-from ckptbench.spec import load_workload, scaled, with_restore
+from ckptbench.spec import load_workload, with_restore
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 # Where save/restore benchmarks write; point it at the storage to measure.
@@ -38,14 +36,10 @@ CASES = {
 
 def _run(case: str, io: str) -> dict[str, float]:
     name, scale, ranks = CASES[case]
-    full = load_workload(WORKLOADS / name)
-    plan = build_plan(scaled(full, scale))
     work = Path(tempfile.mkdtemp(prefix="ckptbench-asv-", dir=TARGET_ROOT))
     try:
-        options = RunOptions(iterations=1, run_id=new_run_id())
-        backend = open_backend(str(work / "target"), {"io": io})
-        req = RunRequest(workload=full, plan=plan, ranks=ranks, backend=backend, options=options,
-                         scale=scale)
+        req = build_request(WORKLOADS / name, str(work / "target"), scale=scale, ranks=ranks,
+                            iterations=1, backend_options={"io": io})
         outcome = measure(req, work / "results.jsonl") or {"summary": []}
         return {s["phase"]: s["throughput_bytes_per_s"] / 1e9 for s in outcome["summary"]}
     finally:

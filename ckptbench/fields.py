@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,15 @@ def read_small_text(path: Path, max_bytes: int, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}); "
                         f"{rule}") from None
+
+
+def read_toml(path: Path, max_bytes: int, what: str) -> dict[str, Any]:
+    """The tables of a small TOML file (`what` names it in errors), or one line why not."""
+    text = read_small_text(path, max_bytes, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
 
 
 # C0 controls (tab and newline too: a printed field stays on its line), DEL and C1 controls

@@ -8,14 +8,13 @@ processes or clocks. Every validation error names the TOML key and what is allow
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptbench.errors import SpecError
-from ckptbench.fields import allowed, choice_field, int_field, read_small_text, shown
+from ckptbench.fields import allowed, choice_field, int_field, read_toml, shown
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -279,6 +278,15 @@ def with_restore(workload: Workload, overrides: Mapping[str, int], option: str) 
     return replace(workload, restore=restore)
 
 
+def with_restore_layout(workload: Workload, world_size: int | None,
+                        layout: str | None) -> Workload:
+    """The workload with the restore layout options given applied (checked, one line)."""
+    overrides = parse_layout_overrides(layout) if layout else {}
+    if world_size is not None:
+        overrides["world_size"] = world_size
+    return with_restore(workload, overrides, "--restore-layout" if layout else "--restore-world-size")
+
+
 def parse_layout_overrides(text: str, option: str = "--restore-layout") -> dict[str, int]:
     """'world_size=6,tp=2' -> {'world_size': 6, 'tp': 2} (keys of [restore])."""
     out: dict[str, int] = {}
@@ -335,8 +343,10 @@ def _check_layout(spec: ParallelSpec, model: ModelSpec, section: str) -> Paralle
 def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
     """Validate a workload given as nested tables (what TOML parsing gives)."""
     for section in data:
+        if section == "run":
+            continue  # the run options: checked by ckptbench.runspec, not part of the workload
         if section not in _SECTIONS:
-            raise SpecError(f"unknown table [{section}]; allowed: {allowed(_SECTIONS)}")
+            raise SpecError(f"unknown table [{section}]; allowed: {allowed([*_SECTIONS, 'run'])}")
         if not isinstance(data[section], Mapping):
             raise SpecError(f"[{section}] must be a table")
     meta = data.get("workload", {})
@@ -404,11 +414,7 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a TOML workload file."""
     path = Path(path)
-    text = read_small_text(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
     try:
         return parse_workload(data, name=path.stem)
     except SpecError as exc:

@@ -90,3 +90,30 @@ def gluster_dir(gluster, request):
     path = gluster.plain.path / f"{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+# --- the quick subset (`pytest -m quick`, tests/quick.py) ---
+def _whole_suite(config: pytest.Config) -> bool:
+    """The session collects every test (no file or directory narrowed it down)."""
+    given = {Path(a.split("::")[0]).resolve() for a in config.args}
+    return given <= {ROOT, ROOT / "tests"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the quick subset (before -m selects); with the whole suite collected, keep
+    what the subset check needs, and refuse `-m quick` when the subset misses a backend
+    or a command (tests/quick.py)."""
+    from tests import quick
+
+    collected = [(item.nodeid, tuple(getattr(item, "fixturenames", ()))) for item in items]
+    for item in items:
+        if quick.is_quick(item.nodeid):
+            item.add_marker(pytest.mark.quick)
+    if not _whole_suite(config):
+        return
+    config.stash[quick.COLLECTED] = collected
+    if "quick" in (config.getoption("markexpr") or ""):
+        problems = quick.uncovered(collected)
+        if problems:
+            raise pytest.UsageError("the quick subset (tests/quick.py): " + "; ".join(problems))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +15,32 @@ from ckptbench.report import summarize
 NS = 1_000_000_000
 
 
+@dataclass(frozen=True)
+class Shape:
+    """How the synthetic run is laid out (records()'s keyword arguments beyond the spans)."""
+
+    ranks_per_node: int = 8
+    nodes: int = 1
+    scale: int = 1
+    workload: dict[str, Any] | None = None
+    files_per_rank: int = 1
+    chunks_per_rank: int = 200
+    save_meta_s: float = 0.05
+    restore_meta_s: float = 0.01
+    cache: str = "fadvise+drop_caches"
+    block_size: int = 8 << 20
+
+
 def records(*, bytes_per_rank: int, save_s: Sequence[float], restore_s: Sequence[float] | None,
-            ranks_per_node: int = 8, nodes: int = 1, scale: int = 1,
-            workload: dict[str, Any] | None = None, files_per_rank: int = 1,
-            chunks_per_rank: int = 200, save_meta_s: float = 0.05,
-            restore_meta_s: float = 0.01, cache: str = "fadvise+drop_caches",
-            block_size: int = 8 << 20) -> list[dict[str, Any]]:
-    """A run of `nodes` x `ranks_per_node` ranks; `save_s` and `restore_s` list each node's
-    span, iteration after iteration (len = iterations x nodes). Rank 0 of each node is
-    its slowest (the node's span); the others end up to 1 % sooner."""
+            **shape: Any) -> list[dict[str, Any]]:
+    """A run of `nodes` x `ranks_per_node` ranks (`shape`: the fields of Shape); `save_s`
+    and `restore_s` list each node's span, iteration after iteration (len = iterations x
+    nodes). Rank 0 of each node is its slowest (the node's span); the others end up to 1 %
+    sooner."""
+    s = Shape(**shape)
+    ranks_per_node, nodes, scale, workload = s.ranks_per_node, s.nodes, s.scale, s.workload
+    files_per_rank, chunks_per_rank, cache = s.files_per_rank, s.chunks_per_rank, s.cache
+    save_meta_s, restore_meta_s, block_size = s.save_meta_s, s.restore_meta_s, s.block_size
     ranks = nodes * ranks_per_node
     iterations = len(save_s) // nodes
     assert len(save_s) == iterations * nodes

@@ -2,7 +2,8 @@
 (or its own step), and no modules import each other in a cycle.
 
 workload -> plan -> payload -> backend I/O -> formats -> records -> runner -> report ->
-cadence -> measure -> cli. Every import counts, at the top of a module or inside a
+cadence -> simulate -> runspec, replay -> measure -> testing -> cli. A module uses no other
+module's private (`_name`) members. Every import counts, at the top of a module or inside a
 function (imports done lazily are still dependencies).
 """
 
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ckptbench.report", "ckptbench.mlperf"),
     ("ckptbench.jobmodel", "ckptbench.cadence"),
     ("ckptbench.simulate",),
+    ("ckptbench.runspec", "ckptbench.replay"),
     ("ckptbench.measure",),
     ("ckptbench.testing",),
     ("ckptbench.cli", "ckptbench.__main__"),
@@ -64,6 +66,15 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
+def import_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` names (relative imports resolved)."""
+    base = node.module or ""
+    if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                        + ([base] if base else []))
+    return base
+
+
 def imports(module: str, runtime_only: bool = False) -> set[str]:
     """Package modules `module` imports (a name imported from a package counts as the
     submodule when it is one); `runtime_only`: without those under TYPE_CHECKING."""
@@ -77,10 +88,7 @@ def imports(module: str, runtime_only: bool = False) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("ckptbench")}
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
+            base = import_base(node, package)
             if not base.startswith("ckptbench"):
                 continue
             for a in node.names:
@@ -128,3 +136,67 @@ def test_the_walk_sees_imports() -> None:
     assert "ckptbench.backends.s3.backend" in GRAPH["ckptbench.backends.s3.reader"]
     assert "ckptbench.backends.s3.backend" not in RUNTIME["ckptbench.backends.s3.reader"]
     assert layer("ckptbench.cli.run_cmd") > layer("ckptbench.runner.session") > layer("ckptbench.plan.core")
+
+
+def test_the_library_never_imports_the_cli() -> None:
+    """The CLI is glue on top: nothing below it reaches back up (not even lazily, nor for
+    types), so the library runs, and is tested, without it."""
+    back = sorted(f"{m} -> {t}" for m in MODULES if layer(m) < layer("ckptbench.cli")
+                  for t in GRAPH[m] if layer(t) == layer("ckptbench.cli"))
+    assert not back, f"library modules import the CLI: {back}"
+
+
+def private_uses(module: str, source: str | None = None) -> list[str]:
+    """Where `module` uses another package module's private names: `from M import _x`,
+    or `M._x` through an imported module (a leading underscore: that module's own)."""
+    tree = ast.parse(source if source is not None else MODULES[module].read_text())
+    path = MODULES.get(module)
+    package = module if path is not None and path.name == "__init__.py" else \
+        module.rpartition(".")[0]
+    aliases: dict[str, str] = {}
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = import_base(node, package)
+            if not base.startswith("ckptbench"):
+                continue
+            for a in node.names:
+                if _private(a.name) and base != module:
+                    out.append(f"from {base} import {a.name}")
+                if f"{base}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("ckptbench"):
+                    aliases[a.asname or a.name] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and aliases.get(node.value.id, module) != module):
+            out.append(f"{node.value.id}.{node.attr} ({aliases[node.value.id]})")
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_member_access_across_modules(module: str) -> None:
+    """A module's `_names` are its own: another module that needs one needs a public
+    name (or the code belongs with it)."""
+    used = private_uses(module)
+    assert not used, f"{module} uses other modules' private names: {used}"
+
+
+def test_the_private_check_sees_uses() -> None:
+    """The checker itself, on code that breaks the rule both ways and code that keeps it."""
+    bad = ("from ckptbench.spec import _check_keys\n"
+           "from ckptbench import units\n"
+           "import ckptbench.fields as f\n"
+           "units._split('1', 'x', 'y'); f._CONTROL\n")
+    assert sorted(private_uses("ckptbench.measure", bad)) == [
+        "f._CONTROL (ckptbench.fields)", "from ckptbench.spec import _check_keys",
+        "units._split (ckptbench.units)"]
+    good = "from ckptbench import units\nunits.parse_size('1', 'x')\nself._x = 1\n"
+    assert private_uses("ckptbench.measure", good) == []

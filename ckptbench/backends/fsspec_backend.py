@@ -15,11 +15,13 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
+    Identity,
     NameTaken,
     ReadHandle,
     WriteHandle,
@@ -27,6 +29,7 @@ from ckptbench.backends.base import (
     marker_bytes,
 )
 from ckptbench.backends.options import BackendOptions, IOHints, option
+from ckptbench.backends.owned_dirs import make_dir, remove_recorded
 from ckptbench.errors import BackendError
 
 # Flat key spaces: no directories to make (and s3fs's makedirs may create a bucket).
@@ -284,11 +287,20 @@ class FsspecBackend(Backend):
                 self.fs.rm(path, recursive=True)
 
     # --- what a run made, by name ---
-    def create_dir(self, key: str) -> None:
+    def create_dir(self, key: str) -> Identity | None:
+        """fsspec's local file system (local://): made exclusively and identified by
+        device and inode, as the local backend does (owned_dirs). Elsewhere an fsspec store
+        has no inode to check: a name taken is refused, cleanup deletes by recorded name."""
         path = self._path(key)
+        if self.local:
+            try:
+                ident = make_dir(Path(path))
+            except OSError as exc:
+                raise BackendError(f"{self.target}: create {key}: {_reason(exc)}") from None
+            self._made.add(path)
+            return ident
         if self.flat:
-            super().create_dir(key)  # nothing stored under it, else NameTaken
-            return
+            return super().create_dir(key)  # nothing stored under it, else NameTaken
         parent = path.rsplit("/", 1)[0]
         with self.calls(f"create {key}"):
             if parent != path:
@@ -302,6 +314,18 @@ class FsspecBackend(Backend):
                 raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses "
                                 "a directory") from None
         self._made.add(path)
+        return None
+
+    def remove_recorded(self, chain: Sequence[tuple[str, Identity | None]],
+                        names: Sequence[str], dirs: Sequence[str]) -> None:
+        """local://: only in the directories the run created, never through a link
+        (owned_dirs); other stores by recorded name (Backend.remove_recorded)."""
+        if not self.local:
+            super().remove_recorded(chain, names, dirs)
+            return
+        remove_recorded(Path(self.root), chain, names, dirs)
+        base = self._path("/".join(name for name, _ in chain))
+        self._made = {m for m in self._made if m != base and not m.startswith(base + "/")}
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:

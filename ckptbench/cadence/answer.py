@@ -241,3 +241,18 @@ def workload_checkpoint_bytes(workload: Workload) -> int:
             " give --checkpoint-size instead"
         ) from None
     return int(build_plan(workload).total_bytes)
+
+
+def plotted_curve(report: CadenceReport, points: int = 400) -> list[tuple[float, float]]:
+    """(interval s, goodput) over the span a plot shows: 30x either side of the
+    recommended interval, reaching down to a tenth of the save time and out to every
+    operating point."""
+    import numpy as np
+
+    finite = [p.interval_s for p in report.points if math.isfinite(p.interval_s)]
+    centre = report.recommended.interval_s
+    if not math.isfinite(centre):
+        centre = max(finite, default=100 * report.cost.save_s)
+    low = min([centre / 30, report.cost.save_s / 10, *finite])
+    high = max([centre * 30, *finite])
+    return goodput_curve(report.cost, report.mtbf_s, np.geomspace(low, high, points))

@@ -5,21 +5,22 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ckptbench import cadence, jobmodel
-from ckptbench.cli.cadence_async import async_note, split_save
+from ckptbench.cadence.asynchronous import async_note, split_save
 from ckptbench.cli.output_file import check_output_path, save_figure
-from ckptbench.cli.plan_cmd import apply_restore_layout, restore_layout_options
+from ckptbench.cli.plan_cmd import restore_layout_options
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
 from ckptbench.progress import current, shows_progress
-from ckptbench.spec import Workload, load_workload
+from ckptbench.report import plots
+from ckptbench.spec import Workload, load_workload, with_restore_layout
 from ckptbench.units import (
     format_bytes,
     format_duration,
@@ -98,7 +99,7 @@ def _target_plan(workload_path: str | None, size: str | None,
             raise SpecError("--restore-world-size and --restore-layout need the target's plan:"
                             " give --workload")
         return None, None, None
-    workload = apply_restore_layout(workload, *restore_layout)
+    workload = with_restore_layout(workload, *restore_layout)
     plan = build_plan(workload)
     return float(plan.total_bytes), workload, plan
 
@@ -130,6 +131,34 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
         restart_overhead_s=cadence.DEFAULT_RESTART_OVERHEAD_S if restart is None else restart,
         restart_source=cadence.RESTART_OVERHEAD_SOURCE if restart is None else "given",
         need_restore=need_restore, force=force)
+
+
+@dataclass(frozen=True)
+class CadenceArgs:
+    """The cadence command's flags, as click parses them."""
+
+    results: tuple[Path, ...]
+    workload_path: str | None
+    checkpoint_size: str | None
+    gpus: int | None
+    gpus_per_node: int
+    aggregate_bandwidth: str | None
+    restore_world_size: int | None
+    restore_layout: str | None
+    save_seconds: str | None
+    restore_seconds: str | None
+    restart_overhead: str | None
+    blocking_seconds: str | None
+    interference: str | None
+    mtbf: str | None
+    failure_preset: str | None
+    components: tuple[str, ...]
+    interval: str | None
+    gpu_hour_price: float | None
+    target_goodput: str
+    plot: Path | None
+    force: bool
+    as_json: bool
 
 
 @click.command("cadence", epilog=_preset_epilog())
@@ -184,16 +213,7 @@ def _job_model(measured: list[jobmodel.Measurement], plan: Plan | None,
                    "warnings are printed with the answer), and replace a file or link at --plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @shows_progress("cadence", "reading the results")
-def cadence_command(results: tuple[Path, ...], workload_path: str | None,
-                    checkpoint_size: str | None, gpus: int | None, gpus_per_node: int,
-                    aggregate_bandwidth: str | None, restore_world_size: int | None,
-                    restore_layout: str | None, save_seconds: str | None,
-                    restore_seconds: str | None, restart_overhead: str | None,
-                    blocking_seconds: str | None, interference: str | None, mtbf: str | None,
-                    failure_preset: str | None,
-                    components: tuple[str, ...], interval: str | None,
-                    gpu_hour_price: float | None, target_goodput: str, plot: Path | None,
-                    force: bool, as_json: bool) -> None:
+def cadence_command(**flags: Any) -> None:
     """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
 
     C and R come from a results file scaled to the target job by the job model (the
@@ -201,54 +221,56 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
     on its restore layout, read by its DCP restore plan), or are given directly; the job
     MTBF is given, or computed from a preset or component rates.
     """
-    if plot is not None:
-        check_output_path(plot, "--plot", ".png", force, results)
+    a = CadenceArgs(**flags)
+    gpus = a.gpus
+    if a.plot is not None:
+        check_output_path(a.plot, "--plot", ".png", a.force, a.results)
     if gpus is not None and gpus < 1:
         raise SpecError(f"--gpus = {gpus} must be an integer >= 1")
-    if gpus_per_node < 1:
-        raise SpecError(f"--gpus-per-node = {gpus_per_node} must be an integer >= 1")
-    if gpu_hour_price is not None and not (gpu_hour_price >= 0 and math.isfinite(gpu_hour_price)):
-        raise SpecError(f"--gpu-hour-price = {gpu_hour_price} must be >= 0")
-    target = parse_fraction(target_goodput, "--target-goodput")
-    measured = _measurements(results, bool(workload_path or checkpoint_size)) if results else []
-    checkpoint_bytes, workload, plan = _target_plan(workload_path, checkpoint_size, measured,
-                                                    (restore_world_size, restore_layout))
+    if a.gpus_per_node < 1:
+        raise SpecError(f"--gpus-per-node = {a.gpus_per_node} must be an integer >= 1")
+    if a.gpu_hour_price is not None and not (a.gpu_hour_price >= 0 and math.isfinite(a.gpu_hour_price)):
+        raise SpecError(f"--gpu-hour-price = {a.gpu_hour_price} must be >= 0")
+    target = parse_fraction(a.target_goodput, "--target-goodput")
+    measured = _measurements(a.results, bool(a.workload_path or a.checkpoint_size)) if a.results else []
+    checkpoint_bytes, workload, plan = _target_plan(a.workload_path, a.checkpoint_size, measured,
+                                                    (a.restore_world_size, a.restore_layout))
     if gpus is None and workload is not None:
         gpus = workload.parallel.world_size
-    ceiling = parse_rate(aggregate_bandwidth, "--aggregate-bandwidth") \
-        if aggregate_bandwidth else None
-    restart = _restart_overhead(restart_overhead) if restart_overhead else None
+    ceiling = parse_rate(a.aggregate_bandwidth, "--aggregate-bandwidth") \
+        if a.aggregate_bandwidth else None
+    restart = _restart_overhead(a.restart_overhead) if a.restart_overhead else None
 
     job = None
-    if measured and (save_seconds is None or restore_seconds is None):
+    if measured and (a.save_seconds is None or a.restore_seconds is None):
         current().phase("modelling the job")
-        job = _job_model(measured, plan, checkpoint_bytes, gpus, gpus_per_node, ceiling,
-                         workload_path, restart, need_restore=restore_seconds is None,
-                         force=force)
-    save_s = parse_duration(save_seconds, "--save-seconds", "s") if save_seconds else (
+        job = _job_model(measured, plan, checkpoint_bytes, gpus, a.gpus_per_node, ceiling,
+                         a.workload_path, restart, need_restore=a.restore_seconds is None,
+                         force=a.force)
+    save_s = parse_duration(a.save_seconds, "--save-seconds", "s") if a.save_seconds else (
         job.save_s if job else None)
-    restore_s = parse_duration(restore_seconds, "--restore-seconds", "s") + (restart or 0.0) \
-        if restore_seconds else (job.restore_s if job else None)
+    restore_s = parse_duration(a.restore_seconds, "--restore-seconds", "s") + (restart or 0.0) \
+        if a.restore_seconds else (job.restore_s if job else None)
     if save_s is None or restore_s is None:
         missing = "--save-seconds" if save_s is None else "--restore-seconds"
         raise SpecError(f"{missing} is required (or --results with measurements)")
     per_gpu = checkpoint_bytes / gpus if checkpoint_bytes and gpus else None
-    split = split_save(save_s, _asynchronous_run(job, measured), blocking_seconds,
-                       interference, per_gpu)
+    split = split_save(save_s, _asynchronous_run(job, measured), a.blocking_seconds,
+                       a.interference, per_gpu)
     cost = cadence.CheckpointCost(split.save_s, restore_s, split.persist_s, split.interference)
 
     current().phase("finding the interval")
     model = cadence.failure_model(
-        mtbf_s=parse_duration(mtbf, "--mtbf", "h", allow_inf=True) if mtbf else None,
-        preset=failure_preset,
-        components=[cadence.parse_component(c) for c in components],
+        mtbf_s=parse_duration(a.mtbf, "--mtbf", "h", allow_inf=True) if a.mtbf else None,
+        preset=a.failure_preset,
+        components=[cadence.parse_component(c) for c in a.components],
         gpus=gpus,
-        gpus_per_host=gpus_per_node,
+        gpus_per_host=a.gpus_per_node,
     )
     report = cadence.analyze(
         cost, model.mtbf_s, gpus=gpus,
-        current_interval_s=parse_duration(interval, "--interval", "min") if interval else None,
-        gpu_hour_price=gpu_hour_price, checkpoint_bytes=checkpoint_bytes,
+        current_interval_s=parse_duration(a.interval, "--interval", "min") if a.interval else None,
+        gpu_hour_price=a.gpu_hour_price, checkpoint_bytes=checkpoint_bytes,
         storage_bandwidth=ceiling,
     )
     max_save = cadence.required_save_seconds(target, restore_s, model.mtbf_s)
@@ -260,9 +282,9 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
             checkpoint_bytes / max_save if checkpoint_bytes and max_save else None
         ),
     }
-    if plot is not None:
-        _plot(plot, report, force)
-    if as_json:
+    if a.plot is not None:
+        _plot(a.plot, report, a.force)
+    if a.as_json:
         payload = {
             "cost": asdict(cost),
             "mtbf_s": model.mtbf_s,
@@ -278,12 +300,12 @@ def cadence_command(results: tuple[Path, ...], workload_path: str | None,
             "points": [asdict(p) for p in report.points],
             "recommended": asdict(report.recommended),
             "target": inverse,
-            "plot": str(plot) if plot else None,
+            "plot": str(a.plot) if a.plot else None,
         }
         click.echo(json.dumps(_jsonable(payload), indent=2))
         return
     note = async_note(cost, split.measured, per_gpu)
-    _print_table(report, model, job, checkpoint_bytes, inverse, gpu_hour_price, plot, note)
+    _print_table(report, model, job, checkpoint_bytes, inverse, a.gpu_hour_price, a.plot, note)
 
 
 def _asynchronous_run(job: jobmodel.JobEstimate | None, measured: list[jobmodel.Measurement]
@@ -399,37 +421,15 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
 
 
 def _plot(path: Path, report: cadence.CadenceReport, force: bool) -> None:
-    """Goodput against interval on a log axis, the optimum and the user's interval marked;
-    written to a new file (or, with `force`, replacing what is at `path`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    finite = [p.interval_s for p in report.points if math.isfinite(p.interval_s)]
-    centre = report.recommended.interval_s
-    if not math.isfinite(centre):
-        centre = max(finite, default=100 * report.cost.save_s)
-    low = min([centre / 30, report.cost.save_s / 10, *finite])
-    high = max([centre * 30, *finite])
-    taus = np.geomspace(low, high, 400)
-    curve = cadence.goodput_curve(report.cost, report.mtbf_s, taus)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(taus / 60, [100 * e for _, e in curve], color="tab:blue")
-    if report.floor_s > 0:
-        ax.axvspan(low / 60, report.floor_s / 60, color="0.85", label="below floor")
-    for p, style in ((report.recommended, "r*"), (report.current, "ko")):
-        if p is not None and math.isfinite(p.interval_s):
-            ax.plot(p.interval_s / 60, 100 * p.goodput, style, markersize=11,
-                    label=f"{p.label}: {format_duration(p.interval_s)}, {100 * p.goodput:.1f} %")
-    ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (minutes)")
-    ax.set_ylabel("goodput (%)")
-    ax.set_title(f"MTBF {format_duration(report.mtbf_s)}\n{report.cost.describe()}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower center")
-    save_figure(fig, path, force)
+    """Goodput against interval, the optimum and the user's interval marked; written to a
+    new file (or, with `force`, replacing what is at `path`)."""
+    marks = [(f"{p.label}: {format_duration(p.interval_s)}, {100 * p.goodput:.1f} %",
+              p.interval_s, p.goodput, style)
+             for p, style in ((report.recommended, "r*"), (report.current, "ko"))
+             if p is not None and math.isfinite(p.interval_s)]
+    title = f"MTBF {format_duration(report.mtbf_s)}\n{report.cost.describe()}"
+    save_figure(plots.goodput_figure(cadence.plotted_curve(report), marks, report.floor_s,
+                                     title), path, force)
 
 
 COMMANDS: list[click.Command] = [cadence_command]

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
-from ckptbench.backends.local import LocalBackend
 from ckptbench.cli.run_cmd import quiet_unless_root
-from ckptbench.errors import SpecError
+from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.measure import build_request, measure, run_status
-from ckptbench.mlperf import CHECKPOINTS, GIB, Comparison, compare, facts, rules
+from ckptbench.mlperf import GIB, Comparison, compare, facts, rules
 from ckptbench.records import read_records
 from ckptbench.report import summarize, throughput
 from ckptbench.report import table as report_table
 from ckptbench.runner import RunRequest, open_launcher
-from ckptbench.runner.sequence import SEQUENCES
 from ckptbench.runner.signals import stop_on_signals
-from ckptbench.units import format_bytes, parse_size
+from ckptbench.runspec import read_benchmark_file, request_options
 
 
 def _row(table: Table, c: Comparison) -> None:
@@ -58,25 +55,6 @@ def render(comparisons: list[Comparison], lines: list[str], sequence: str,
         click.echo(f"  {line}")
 
 
-def check_disk(req: RunRequest) -> None:
-    """writes-then-reads keeps every checkpoint on the target until its read: a local
-    target whose file system cannot hold them all is refused before anything is written."""
-    backend = req.backend
-    if req.options.sequence != "writes-then-reads" or not isinstance(backend, LocalBackend):
-        return
-    per = req.plan.bytes_of_ranks(req.ranks)
-    need = per * req.options.iterations
-    where = next((p for p in (backend.root, *backend.root.parents) if p.exists()), None)
-    free = shutil.disk_usage(where).free if where is not None else need
-    if need > free:
-        raise SpecError(
-            f"--iterations {req.options.iterations} x {format_bytes(per)} per checkpoint = "
-            f"{format_bytes(need)} on {backend.root} at once (--sequence writes-then-reads "
-            f"keeps each checkpoint until its read); its file system has {format_bytes(free)} "
-            "free; allowed: fewer --iterations or --ranks, a larger --scale, or "
-            "--sequence interleaved")
-
-
 def report(req: RunRequest, path: Path, scale: int, as_json: bool) -> None:
     """Both ways and the rules, from the results file the run wrote (process 0)."""
     records = list(read_records(path))
@@ -103,49 +81,29 @@ def report(req: RunRequest, path: Path, scale: int, as_json: bool) -> None:
     click.echo(json.dumps(out, indent=2))
 
 
-@click.command("mlperf")
+@click.command("mlperf", cls=GroupedCommand)
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--target", default="ckptbench-data", show_default=True,
-              help="Where checkpoints go (a directory or URL, as for `run`).")
-@click.option("--iterations", type=click.IntRange(min=1), default=CHECKPOINTS, show_default=True,
-              help="Checkpoints written and read (CLOSED: 10).")
-@click.option("--scale", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Divide every model dimension by F (not a CLOSED run).")
-@click.option("--ranks", default=None, help="Plan ranks to run, e.g. 0-7 (subset mode).")
-@click.option("--block-size", default="8MiB", show_default=True, help="Bytes per write/read call.")
-@click.option("--cache", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
-              help="auto: evict before reading (cold); none: read what the page cache holds, "
-                   "as DLIO does in one invocation.")
-@click.option("--sequence", type=click.Choice(SEQUENCES), default="writes-then-reads",
-              show_default=True,
-              help="writes-then-reads: all checkpoints written, then read in that order (v2.0; "
-                   "they are all on the target at once); interleaved: each written and read in turn.")
-@click.option("--launcher", type=click.Choice(["auto", "local", "mpi"]), default="auto",
-              show_default=True,
-              help="auto: MPI ranks when started by mpirun/srun (needs mpi4py), else local processes.")
-@click.option("--results", type=click.Path(dir_okay=False), default=None,
-              help="Results file [default: results/<workload>-<run id>-mlperf.jsonl].")
-@click.option("--json", "as_json", is_flag=True, help="Print both views and the rules as JSON.")
-def mlperf_command(workload: str, target: str, iterations: int, scale: int, ranks: str | None,
-                   block_size: str, cache: str, sequence: str, launcher: str,
-                   results: str | None, as_json: bool) -> None:
+@run_options("mlperf")
+def mlperf_command(workload: str, **_values: Any) -> None:
     """Run WORKLOAD (an MLPerf llama3 workload) as MLPerf Storage v2.0 does: DLIO's
     torch.save files, one thread per rank, all checkpoints written and then read, and report
-    it MLPerf's way next to ckptbench's, with the ratio and the CLOSED rules the run breaks."""
-    launch = open_launcher(launcher)
+    it MLPerf's way next to ckptbench's, with the ratio and the CLOSED rules the run breaks.
+    The workload file's [run] table sets the options it takes (as for `run`)."""
+    bench = read_benchmark_file(workload)
+    opts = settings(click.get_current_context(), "mlperf", bench.table, f"{bench.path}: [run]")
+    launch = open_launcher(opts["launcher"])
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
-        req = build_request(workload, target, scale=scale, ranks=ranks, iterations=iterations,
-                            threads=1, format="torch-save", cache=cache, sequence=sequence,
-                            block_size=parse_size(block_size, "--block-size"))
-        check_disk(req)
-        path = Path(results) if results else \
+        req = build_request(bench.workload, command="mlperf", threads=1, format="torch-save",
+                            **request_options(opts))
+        path = Path(opts["results"]) if opts["results"] else \
             Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
         with run_status(req, "mlperf", launch) as status:
             outcome = measure(req, path, launch, on_progress=status, on_start=lambda:
-                              click.echo(f"mlperf: {req.workload.name}, {iterations} checkpoint(s)"
-                                         f" ({sequence}) -> {target}", err=True))
+                              click.echo(f"mlperf: {req.workload.name}, {opts['iterations']} "
+                                         f"checkpoint(s) ({opts['sequence']}) -> "
+                                         f"{opts['target']}", err=True))
         if outcome is not None:  # None: MPI ranks other than 0
-            report(req, path, scale, as_json)
+            report(req, path, opts["scale"], opts["json"])
 
 
 COMMANDS = [mlperf_command]

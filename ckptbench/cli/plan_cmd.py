@@ -16,11 +16,9 @@ from ckptbench.plan.export import iter_plan_json, iter_restore_json, restore_sum
 from ckptbench.plan.restore import build_restore_plan
 from ckptbench.progress import current, shows_progress
 from ckptbench.spec import (
-    Workload,
     load_workload,
-    parse_layout_overrides,
     scaled,
-    with_restore,
+    with_restore_layout,
 )
 from ckptbench.units import format_bytes
 
@@ -36,17 +34,6 @@ def restore_layout_options(f: F) -> F:
     f = click.option("--restore-world-size", type=int, default=None, metavar="N",
                      help="Restart on N ranks (the restore layout's world_size).")(f)
     return f
-
-
-def apply_restore_layout(workload: Workload, world_size: int | None,
-                         layout: str | None) -> Workload:
-    """The workload with the command line's restore layout applied (checked, one line)."""
-    overrides = parse_layout_overrides(layout) if layout else {}
-    option = "--restore-layout" if layout else "--restore-world-size"
-    if world_size is not None:
-        overrides["world_size"] = world_size
-        option = "--restore-world-size" if not layout else option
-    return with_restore(workload, overrides, option)
 
 
 def _mesh(world: int, mesh: dict[str, int]) -> str:
@@ -93,7 +80,7 @@ def plan_command(workload: str, as_json: bool, ranks: str | None, scale: int, re
                  restore_world_size: int | None, restore_layout: str | None) -> None:
     """Print what each rank writes for WORKLOAD (a TOML workload file); with --restore,
     what each rank of the restore layout reads."""
-    full = apply_restore_layout(load_workload(workload), restore_world_size, restore_layout)
+    full = with_restore_layout(load_workload(workload), restore_world_size, restore_layout)
     plan = build_plan(scaled(full, scale))
     if restore:
         _print_restore(plan, as_json, ranks)

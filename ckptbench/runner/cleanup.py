@@ -50,6 +50,7 @@ LEASE_RENEW_S = 30.0  # how often a live run renews its lease
 LEASE_TIMEOUT_S = 300.0  # a lease not renewed for this long: the run is dead
 LEASE_JOIN_S = 2.0  # how long the end of a run waits for a renewal in flight
 PROBE = ".ckptbench-probe"
+KEPT = "kept"  # the intent's state once a --keep run ended: its checkpoints, by name
 RUN_DIR = "."  # the run directory's entry in RunNames.ids
 SHOWN = 10  # leftovers named in a report
 UPLOADS_LEFT = "unfinished upload(s)"  # in a cleanup's leftovers: aborts that did not happen
@@ -145,24 +146,52 @@ def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
 
 
 def keep_run(backend: Backend, names: RunNames, clean: bool) -> list[str]:
-    """--keep: the checkpoints stay, except (after a failure or a stop) those without a
-    manifest; the intent goes, as at every end of a run: only debris carries one (unless
-    uploads may be left). Returns what is left besides the kept checkpoints."""
+    """--keep: the committed checkpoints stay (after a failure or a stop, not those without
+    a manifest), recorded as kept (KEPT) so that `ckptbench clean` removes them by name
+    later; a run that kept none (a restore) leaves nothing. Returns what is left besides
+    the kept checkpoints."""
     if clean:
-        backend.remove_recorded(names.chain(), names.run_files, ())
+        kept = _committed(backend, names)
+        if not kept:
+            return remove_run(backend, names)
+        backend.remove_recorded(names.chain(), names.run_files[:-1], ())
+        _record_kept(backend, names, kept)
         return []
     return remove_keeping(backend, names)
 
 
-def remove_keeping(backend: Backend, names: RunNames) -> list[str]:
-    """remove_run (unfinished uploads aborted), but the committed checkpoints of a --keep
-    run stay (those with a manifest); what is left besides them."""
-    kept = ([c for c in names.checkpoints
+def _committed(backend: Backend, names: RunNames) -> list[str]:
+    """The checkpoints of a --keep run that carry their manifest (committed)."""
+    return ([c for c in names.checkpoints
              if backend.exists(f"{names.run_id}/{c}/{names.manifest}")]
             if names.keep and names.manifest else [])
+
+
+def _record_kept(backend: Backend, names: RunNames, kept: list[str],
+                 record: dict[str, Any] | None = None) -> None:
+    """Write the intent (`record`, else the one there) as the record of the kept
+    checkpoints (state KEPT: never debris), with the identities of their directories."""
+    with contextlib.suppress(FileNotFoundError, OSError, ValueError, BackendError):
+        record = record or json.loads(backend.get(f"{names.run_id}/{INTENT}"))
+        ids = record.get("ids")
+        ids = ids if isinstance(ids, dict) else {}
+        record.update(state=KEPT, checkpoints=kept,
+                      ids={k: v for k, v in ids.items() if k == RUN_DIR or k in kept})
+        backend.put_atomic(f"{names.run_id}/{INTENT}", json.dumps(record).encode())
+
+
+def remove_keeping(backend: Backend, names: RunNames) -> list[str]:
+    """remove_run (unfinished uploads aborted), but the committed checkpoints of a --keep
+    run stay (those with a manifest), recorded as kept; what is left besides them."""
+    kept = _committed(backend, names)
     gone = replace(names, checkpoints=tuple(c for c in names.checkpoints if c not in kept))
-    return [n for n in remove_run(backend, gone, uploads=True)
-            if not any(n.startswith(f"{names.run_id}/{c}/") for c in kept)]
+    record = read_intent(backend, names.run_id) if kept else None
+    left = remove_run(backend, gone, uploads=True)
+    if kept and record is not None and not any(UPLOADS_LEFT in n for n in left):
+        _record_kept(backend, names, kept, record)
+    return [n for n in left
+            if not any(n.startswith(f"{names.run_id}/{c}/") for c in kept)
+            and n != f"{names.run_id}/{INTENT}"]
 
 
 # --- the claim and the intent ---
@@ -296,7 +325,7 @@ def _safe(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def _live(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
+def is_live(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
     """The run that wrote `intent` may still be running (when unsure: yes, it is left
     alone). On this host: its process is there. Elsewhere: its lease has not expired."""
     pid = intent.get("pid")
@@ -350,7 +379,7 @@ def find_debris(backend: Backend) -> Debris | None:
     runs, hosts = [], []
     for run_dir in backend.run_dirs():
         intent = read_intent(backend, run_dir)
-        if intent is None or intent.get("state") != "running" or _live(backend, run_dir, intent):
+        if intent is None or intent.get("state") != "running" or is_live(backend, run_dir, intent):
             continue
         runs.append(names_of(intent))
         hosts.append(str(intent.get("host")))

@@ -140,3 +140,7 @@ class RunRequest:
     restore_shift_auto: bool = False
     # Every name the run writes (the session fills it in on the process that cleans up).
     names: RunNames | None = None
+    # The command and the declared run options it was made of (ckptbench.runspec), as the
+    # results file records them for `run --replay`.
+    command: str = "run"
+    settings: dict[str, Any] = field(default_factory=dict)

@@ -183,6 +183,8 @@ def run_record(req: RunRequest, launcher: str, extra: dict[str, Any]) -> dict[st
         "ranks": req.ranks,
         "bytes_per_iteration": req.plan.bytes_of_ranks(req.ranks),
         "options": req.options.to_dict(),
+        "command": req.command,
+        "run_options": req.settings,
         "environment": environment(req.backend.describe()),
         **extra,
     }

@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, run_cmd
+from ckptbench import measure
+from ckptbench.cli import main
 
 AT_COMMIT = ("swap", "plain", "kill", "pause")
 
@@ -86,7 +87,7 @@ class _Vanishing:
 
 def install(action: str, results: str) -> None:
     name, _, arg = action.partition(":")
-    open_backend = run_cmd.open_backend
+    open_backend = measure.open_backend
 
     class Hooked:
         def __init__(self, inner: Any) -> None:
@@ -119,7 +120,7 @@ def install(action: str, results: str) -> None:
     def hooked(*args: Any, **kwargs: Any) -> Any:
         return Hooked(open_backend(*args, **kwargs))
 
-    run_cmd.open_backend = hooked  # type: ignore[assignment]
+    measure.open_backend = hooked  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ckptbench.cli import main, restore_cmd, run_cmd
+from ckptbench import measure
+from ckptbench.cli import main
 from ckptbench.formats.manifest import encode_manifest, parse_manifest
 
 
@@ -176,7 +177,7 @@ class _Hanging:
 def install(action: str, once: Path, flag: Path) -> None:
     name, _, arg = action.partition(":")
     act = ACTIONS.get(name, _unlink)
-    open_backend = run_cmd.open_backend
+    open_backend = measure.open_backend
 
     class Sabotaged:
         def __init__(self, inner: Any) -> None:
@@ -217,8 +218,7 @@ def install(action: str, once: Path, flag: Path) -> None:
     def sabotaged(*args: Any, **kwargs: Any) -> Any:
         return Sabotaged(open_backend(*args, **kwargs))
 
-    run_cmd.open_backend = sabotaged  # type: ignore[assignment]
-    restore_cmd.open_backend = sabotaged  # type: ignore[assignment]
+    measure.open_backend = sabotaged  # type: ignore[assignment]  # run's and restore's
 
 
 if __name__ == "__main__":

@@ -71,15 +71,19 @@ def test_a_link_planted_before_the_run_makes_its_checkpoint_fails_it_and_deletes
     assert (_run_dir(tmp_path / "t") / "checkpoint-2").is_symlink()
 
 
+SCHEMES = ["", "local://"]  # the local backend; fsspec's local file system
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=["local", "fsspec-local"])
 @pytest.mark.parametrize("action", ["swap", "plain"])
 def test_a_checkpoint_swapped_after_its_commit_loses_nothing_of_the_other(
-        tmp_path: Path, action: str) -> None:
+        tmp_path: Path, action: str, scheme: str) -> None:
     """After the commit, the run's checkpoint directory is moved aside and a link to v (or
     a planted directory with files of the same names) put in its place: the cleanup
-    deletes only in the directory the run created."""
+    deletes only in the directory the run created (through either backend)."""
     v = _victim(tmp_path)
     target = tmp_path / "t"
-    r = _hooked(f"{action}:{v}", tmp_path, "--target", str(target), "--iterations", "1")
+    r = _hooked(f"{action}:{v}", tmp_path, "--target", f"{scheme}{target}", "--iterations", "1")
     assert "Traceback" not in r.stderr, r.stderr
     _intact(v)
     ckpt = _run_dir(target) / "checkpoint-1"
@@ -91,14 +95,15 @@ def test_a_checkpoint_swapped_after_its_commit_loses_nothing_of_the_other(
         assert ckpt.is_symlink()
 
 
+@pytest.mark.parametrize("scheme", SCHEMES, ids=["local", "fsspec-local"])
 @pytest.mark.parametrize("action", ["swap", "plain"])
-def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path,
-                                                              action: str) -> None:
+def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path, action: str,
+                                                              scheme: str) -> None:
     """A killed run's checkpoint-1 replaced by a link to v (or a planted directory):
     --clean-debris removes the run's own files and leaves those."""
     v = _victim(tmp_path)
     target = tmp_path / "t"
-    r = _hooked("kill:1", tmp_path, "--target", str(target), "--iterations", "2")
+    r = _hooked("kill:1", tmp_path, "--target", f"{scheme}{target}", "--iterations", "2")
     assert r.returncode == -9, r.stderr
     debris = _run_dir(target)
     ckpt = debris / "checkpoint-1"
@@ -109,7 +114,7 @@ def test_clean_debris_deletes_nothing_in_a_swapped_checkpoint(tmp_path: Path,
         ckpt.mkdir()
         for name in VICTIM_FILES:
             (ckpt / name).write_text(f"the user's {name}")
-    c = run("run", str(TINY), "--target", str(target), "--clean-debris",
+    c = run("run", str(TINY), "--target", f"{scheme}{target}", "--clean-debris",
             "--results", str(tmp_path / "c.jsonl"), cwd=tmp_path)
     assert c.returncode == 0, c.stderr
     _intact(v if action == "swap" else ckpt)
@@ -176,7 +181,8 @@ def test_a_killed_run_on_another_host_is_debris_once_its_lease_expired(tmp_path:
 
 def test_a_killed_keep_runs_committed_checkpoint_is_not_debris(tmp_path: Path) -> None:
     """A --keep run killed after committing (and verifying) checkpoint 1 and committing
-    checkpoint 2: --clean-debris removes its intent, keeps its committed checkpoints."""
+    checkpoint 2: --clean-debris keeps its committed checkpoints, and its intent becomes
+    the record of them (state "kept", no longer debris)."""
     target = tmp_path / "t"
     r = _hooked("kill:2", tmp_path, "--target", str(target), "--iterations", "3", "--keep")
     assert r.returncode == -9, r.stderr
@@ -188,7 +194,9 @@ def test_a_killed_keep_runs_committed_checkpoint_is_not_debris(tmp_path: Path) -
     assert c.returncode == 0, c.stderr
     assert sorted(p.name for p in (debris / "checkpoint-1").iterdir()) == kept
     assert (debris / "checkpoint-2" / ".metadata").exists()
-    assert not (debris / INTENT).exists()
+    record = json.loads((debris / INTENT).read_text())
+    assert record["state"] == "kept"
+    assert record["checkpoints"] == ["checkpoint-1", "checkpoint-2"]
     r = run("restore", str(debris / "checkpoint-1"), "--results", str(tmp_path / "x.jsonl"),
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -41,8 +41,8 @@ def test_files_put_into_the_run_during_a_run_are_kept(tmp_path: Path) -> None:
     into the run directory and into the checkpoint. Both are there at the end, everything
     the run wrote is gone, and the leftovers are reported in one line."""
     target = tmp_path / "tgt"
-    proc = start("run", str(BIG), *BIG_ARGS, "--target", "tgt", "--results", "r.jsonl",
-                 cwd=tmp_path)
+    proc = start("run", str(BIG), *BIG_ARGS, "--no-restore", "--target", "tgt", "--results",
+                 "r.jsonl", cwd=tmp_path)  # the save's cleanup is the one under test
     ckpt = wait_for("checkpoint-1", lambda: next(iter(target.glob("run-*/checkpoint-1")), None),
                     proc=proc, every=0.005)
     run = ckpt.parent
@@ -66,7 +66,7 @@ def test_files_put_into_any_checkpoint_are_kept(tmp_path: Path) -> None:
     """Many short iterations: a file dropped into whichever checkpoint directory exists at
     that moment survives that checkpoint's removal (per iteration, not only at the end)."""
     target = tmp_path / "tgt"
-    proc = start("run", str(TINY), "--target", "tgt", "--iterations", "60", "--results",
+    proc = start("run", str(TINY), "--target", "tgt", "--iterations", "20", "--results",
                  "r.jsonl", cwd=tmp_path)
 
     def drop() -> Path | None:
@@ -293,12 +293,15 @@ class Recorder:
 @pytest.mark.parametrize("fmt", ["raw", "zarr"])
 def test_the_intent_names_everything_before_the_first_write(tmp_path: Path, fmt: str) -> None:
     """The run records every name it will write before it writes the first byte; a kept
-    run ends with its checkpoints only (no intent: it is not debris)."""
+    run ends with its checkpoints and the record of them (state "kept": not debris; what
+    `ckptbench clean` removes by name)."""
     target = tmp_path / "tgt"
     backend = Recorder(open_backend(str(target)))
     _measure(_request(backend, "run-k", keep=True, iterations=2, fmt=fmt), tmp_path / "r.jsonl")
     assert backend.written[0] == ("put_atomic", "run-k/.ckptbench-run")
-    intent, *updates = backend.intents
+    intent, *updates, kept = backend.intents
+    assert kept["state"] == "kept" and kept["checkpoints"] == ["checkpoint-1", "checkpoint-2"]
+    assert set(kept["ids"]) == {".", "checkpoint-1", "checkpoint-2"}
     # rank 0 alone restores by the DCP plan (raw): the chunks it reads from other ranks'
     # files are fill-ins, named too, and removed after each restore (runner.fill_in)
     fill = ["checkpoint-1-fill-in", "checkpoint-2-fill-in"] if fmt == "raw" else []
@@ -309,9 +312,10 @@ def test_the_intent_names_everything_before_the_first_write(tmp_path: Path, fmt:
                                                              if k != "ids"} for u in updates)
     assert [len(u["ids"]) for u in updates] == list(range(2, len(intent["checkpoints"]) + 2))
     assert set(updates[-1]["ids"]) == {".", *intent["checkpoints"]}
-    intent_at = [i for i, (_, k) in enumerate(backend.written) if k == "run-k/.ckptbench-run"]
+    intent_at = [i for i, (_, k) in enumerate(backend.written)
+                 if k == "run-k/.ckptbench-run"][:-1]
     for c in intent["checkpoints"]:
-        recorded = next(i for i, u in zip(intent_at, backend.intents, strict=True)
+        recorded = next(i for i, u in zip(intent_at, backend.intents[:-1], strict=True)
                         if c in u["ids"])
         first = next(i for i, (_, k) in enumerate(backend.written) if k.startswith(f"run-k/{c}/"))
         assert recorded < first
@@ -320,6 +324,6 @@ def test_the_intent_names_everything_before_the_first_write(tmp_path: Path, fmt:
     assert {key for _, key in backend.written[1:]} - own <= named
     assert bool(fill) == any("-fill-in/" in key for _, key in backend.written)
     files = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
-    assert "run-k/.ckptbench-run" not in files
+    assert json.loads((target / "run-k/.ckptbench-run").read_bytes()) == kept
     assert {"run-k/checkpoint-1/.metadata", "run-k/checkpoint-2/.metadata"} <= files
-    assert files - {TARGET_MARKER} <= named
+    assert files - {TARGET_MARKER, "run-k/.ckptbench-run"} <= named

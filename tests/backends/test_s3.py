@@ -338,3 +338,30 @@ def test_describe_never_holds_credentials(s3env: MinioServer) -> None:
 
 def test_open_backend_routes_s3() -> None:
     assert isinstance(open_backend("s3://bucket/p", {}), S3Backend)
+
+
+def test_restore_gets_back_off_when_every_attempt_loses_its_connection(
+        s3env: MinioServer) -> None:
+    """A GET whose every botocore attempt lost its connection (an endpoint overloaded) is
+    sent again after a longer backoff with the process's window halved, as a save's part
+    is; past those rounds the failure names the options that size the load."""
+    b0 = s3(f"s3://{s3env.bucket}/getback/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b0.prepare()
+    data = os.urandom(3 * MIB)
+    write_object(b0, "ck/x", data)
+    gets = lambda m, p: m == "GET" and "/ck/" in p  # noqa: E731
+    with FaultProxy(s3env.endpoint, ["reset"] * 3, gets) as proxy:
+        b = s3(b0.target, proxy.endpoint, max_attempts=2)
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        assert len(proxy.injected) == 3
+        assert b.stats()["retries_connection"] >= 2
+    with FaultProxy(s3env.endpoint, ["reset"] * 20, gets) as proxy:
+        b = s3(b0.target, proxy.endpoint, max_attempts=2)
+        with pytest.raises(BackendError) as err:
+            read_at(b, "ck/x", 0, len(data))
+        msg = str(err.value)
+        assert "lost (ConnectionClosedError) on every attempt" in msg, msg
+        assert "--s3-concurrency (now 3)" in msg and "--s3-max-attempts (now 2)" in msg, msg
+        assert len(proxy.injected) == 2 * 3  # botocore's 2 attempts, in 1 + 2 rounds
+    b0.remove_tree("ck")
+    b0.release()

@@ -19,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ckptbench import measure
 from ckptbench.cli import main, run_cmd
 from tests.faults import DyingBackend, FullDiskBackend
 
@@ -26,7 +27,7 @@ from tests.faults import DyingBackend, FullDiskBackend
 def install(die_file: str | None, die_after: int, hosts: list[str] | None,
             full_file: str | None = None, full_after: int = 0) -> None:
     if die_file or full_file:
-        open_backend = run_cmd.open_backend
+        open_backend = measure.open_backend
 
         def faulty(*args: Any, **kwargs: Any) -> Any:
             backend = open_backend(*args, **kwargs)
@@ -36,7 +37,7 @@ def install(die_file: str | None, die_after: int, hosts: list[str] | None,
                 backend = DyingBackend(backend, lambda k: die_file in k, die_after)
             return backend
 
-        run_cmd.open_backend = faulty  # type: ignore[assignment]
+        measure.open_backend = faulty  # type: ignore[assignment]
     if hosts:
         from ckptbench.runner import launch_mpi
 

@@ -231,9 +231,9 @@ def test_subset_run_restored_onto_another_layout_reads_its_plan(tmp_path, layout
     (save,) = [s for s in recs if s["type"] == "summary" and s["phase"] == "save"]
     plan = build_plan(load_workload(TINY))
     assert save["bytes"] == plan.bytes_of_ranks([0, 1])  # the fill-ins are not the save's
-    # --keep keeps what the save wrote: the fill-ins are gone, by name
+    # --keep keeps what the save wrote (and the record of it): the fill-ins are gone, by name
     (run_dir,) = (tmp_path / "data").glob("run-*")
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint-1"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".ckptbench-run", "checkpoint-1"]
     assert sorted(p.name for p in (run_dir / "checkpoint-1").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
 

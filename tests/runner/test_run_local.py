@@ -190,7 +190,7 @@ def test_full_disk_fails_cleanly_and_keeps_finished_iterations(tmp_path):
         assert err and err[0]["iteration"] == 2 and err[0]["phase"] == "save"
         (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
         # iteration 1 kept (--keep), iteration 2's partial files removed
-        assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint-1"]
+        assert sorted(p.name for p in run_dir.iterdir()) == [".ckptbench-run", "checkpoint-1"]
         assert any(x["type"] == "summary" for x in recs)
 
 

@@ -342,11 +342,17 @@ class S3Backend(Backend):
             return [u for found in pool.map(one, keys) for u in found]
 
     def pending_uploads(self, keys: Sequence[str]) -> int | None:
+        """How many uploads `keys` have. A store that cannot say confirms no abort: each
+        key is named in left_behind, as after a failed abort (what --clean-debris checks)."""
         try:
-            return len(self._uploads_of(keys))
+            found = self._uploads_of(keys)
         except BackendError:
             self._proc().count("cleanup_errors")
+            self.unaborted.update(keys)
             return None  # cannot say: the caller keeps the run's intent
+        if not found:
+            self.unaborted.difference_update(keys)
+        return len(found)
 
     def abort_uploads(self, keys: Sequence[str]) -> int:
         """Abort the unfinished uploads of `keys`; those it could not list or abort are
@@ -368,27 +374,25 @@ class S3Backend(Backend):
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         """The objects under `prefix`, and the uploads no abort could be confirmed for; a
         listing that fails is named, not taken for an empty prefix."""
-        base = self._key(prefix).rstrip("/") + "/"
-        strip = len(self.prefix) + 1 if self.prefix else 0
         left = [f"{k}{UPLOAD_NOT_ABORTED}" for k in sorted(self.unaborted)
                 if k.startswith(prefix.rstrip("/") + "/")]
         try:
-            with self.calls(f"list {prefix}"):
-                listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
-                                                                 MaxKeys=limit)
+            return [*self._names_under(prefix, limit), *left][:limit]
         except BackendError as exc:
             return [*left, f"{prefix}/{NOT_LISTED}{exc})"][:limit]
-        return [*[o["Key"][strip:] for o in listing.get("Contents", [])], *left][:limit]
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        base = self._key(prefix).rstrip("/") + "/"
-        strip = len(self.prefix) + 1 if self.prefix else 0
         try:
-            with self.calls(f"list {prefix}"):
-                listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
-                                                                 MaxKeys=limit)
+            return self._names_under(prefix, limit)
         except BackendError:
             return []
+
+    def _names_under(self, prefix: str, limit: int) -> list[str]:
+        base = self._key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        with self.calls(f"list {prefix}"):
+            listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,
+                                                             MaxKeys=limit)
         return [o["Key"][strip:] for o in listing.get("Contents", [])]
 
     def run_dirs(self) -> list[str]:

@@ -13,10 +13,19 @@ from typing import TYPE_CHECKING, Any
 from ckptbench.backends.base import ReadHandle
 from ckptbench.backends.s3.errors import backoff, is_connection_error
 from ckptbench.backends.s3.options import MIB, MIN_RANGE
+from ckptbench.backends.s3.window import backing_off
 from ckptbench.errors import BackendError
 
 if TYPE_CHECKING:
     from ckptbench.backends.s3.backend import S3Backend
+
+
+class _BodyCut(Exception):
+    """A body cut after its headers (retried by S3Reader._range, not by botocore)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 class S3Reader(ReadHandle):
@@ -50,45 +59,57 @@ class S3Reader(ReadHandle):
         return total
 
     def _range(self, offset: int, view: memoryview, size: list[int] | None = None) -> int:
-        """One ranged GET into `view`; body errors (after the headers) are retried here,
-        since botocore's retries end when the response headers arrive. `size`, where
-        given and empty, gets the object's size from the response's Content-Range."""
+        """One ranged GET into `view`, in a place of the process's window (narrowed while the
+        endpoint pushes back, as for saves: window.backing_off); body errors (after the
+        headers) are retried here, since botocore's retries end when the response headers
+        arrive. `size`, where given and empty, gets the object's size from the response's
+        Content-Range."""
+        b = self.b
+        window = b._proc().window
+        for attempt in range(1, b.max_attempts + 1):
+            try:
+                with b.calls(f"read {self.name}"):
+                    return backing_off(window, lambda: self._get(offset, view, size),
+                                       b.max_attempts)
+            except _BodyCut as cut:
+                if attempt >= b.max_attempts:
+                    b._proc().dead = True
+                    raise b.error(cut.exc, f"read {self.name}") from None
+                b._proc().count("retries")
+                b._proc().count("retries_connection")
+                window.congested()
+                backoff(attempt)
+        raise AssertionError("unreachable")
+
+    def _get(self, offset: int, view: memoryview, size: list[int] | None) -> int:
+        """One attempt: the GET (botocore's retries until the headers) and its body."""
         from botocore.exceptions import ClientError
 
         b = self.b
-        end = offset + len(view) - 1
-        attempt = 1
-        while True:
-            with b.calls(f"read {self.name}"):
-                try:
-                    resp = self.client.get_object(Bucket=b.bucket, Key=self.key,
-                                                  Range=f"bytes={offset}-{end}")
-                except ClientError as exc:
-                    code = exc.response.get("Error", {}).get("Code")
-                    if code == "InvalidRange":
-                        return 0  # offset at or past the end of the object
-                    if code in ("NoSuchKey", "404"):
-                        raise BackendError(f"{b.target}: read {self.name}: no such object") from None
-                    raise
-            length = int(resp.get("ContentLength", 0))
-            total = str(resp.get("ContentRange", "")).rpartition("/")[2]
-            if size is not None and not size and total.isdigit():
-                size.append(int(total))
-            if length > len(view):
-                resp["Body"].close()
-                raise BackendError(f"{b.target}: read {self.name}: the endpoint ignored the byte "
-                                   "range (sent more than asked); allowed: an S3 API with ranged GET")
-            try:
-                return _read_body(resp["Body"], view[:length])
-            except Exception as exc:
-                if not is_connection_error(exc) or attempt >= b.max_attempts:
-                    if is_connection_error(exc):
-                        b._proc().dead = True
-                    raise b.error(exc, f"read {self.name}") from None
-                b._proc().count("retries")
-                b._proc().count("retries_connection")
-                backoff(attempt)
-                attempt += 1
+        try:
+            resp = self.client.get_object(Bucket=b.bucket, Key=self.key,
+                                          Range=f"bytes={offset}-{offset + len(view) - 1}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "InvalidRange":
+                return 0  # offset at or past the end of the object
+            if code in ("NoSuchKey", "404"):
+                raise BackendError(f"{b.target}: read {self.name}: no such object") from None
+            raise
+        length = int(resp.get("ContentLength", 0))
+        total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+        if size is not None and not size and total.isdigit():
+            size.append(int(total))
+        if length > len(view):
+            resp["Body"].close()
+            raise BackendError(f"{b.target}: read {self.name}: the endpoint ignored the byte "
+                               "range (sent more than asked); allowed: an S3 API with ranged GET")
+        try:
+            return _read_body(resp["Body"], view[:length])
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise _BodyCut(exc) from None
+            raise b.error(exc, f"read {self.name}") from None
 
     def close(self) -> None:
         if self.pool is not None:

@@ -5,14 +5,21 @@ closing connections or with SlowDown; botocore's retries back off per request, b
 other part keeps pushing. So the process's window of parts in flight halves on each
 retried connection loss or throttle and grows back by about one part per window of
 parts stored (additive increase, multiplicative decrease, as TCP does), up to what the
-options allow. Only this process's threads wait on it: a plain threading lock.
+options allow. Only this process's threads wait on it: a plain threading lock. Saves
+(each part) and restores (each ranged GET, its body read included) take a place in it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from ckptbench.backends.s3.errors import backoff, is_connection_error
+
+LOST_ROUNDS = 2  # a request sent again after botocore's every attempt lost its connection
+T = TypeVar("T")
 
 
 class Window:
@@ -54,3 +61,20 @@ class Window:
                     if self._limit > self.peak:
                         self._limit = None  # back to the options' bound
                 self._cond.notify_all()
+
+
+def backing_off(window: Window, send: Callable[[], T], attempts: int,
+                give_up: Callable[[], bool] = lambda: False) -> T:
+    """`send()` in a place of `window`. A request whose every attempt (`attempts`, botocore's)
+    lost its connection is sent again, LOST_ROUNDS times at most, after a longer backoff
+    and with the window halved (unless `give_up()`: the caller no longer needs it)."""
+    for round_ in range(LOST_ROUNDS + 1):
+        try:
+            with window.slot():
+                return send()
+        except Exception as exc:
+            if round_ == LOST_ROUNDS or not is_connection_error(exc) or give_up():
+                raise
+            window.congested()
+            backoff(attempts + round_)
+    raise AssertionError("unreachable")

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ckptbench.backends.base import WriteHandle
 from ckptbench.backends.s3.client import ProcessState
-from ckptbench.backends.s3.errors import backoff, is_connection_error
 from ckptbench.backends.s3.options import MIB
+from ckptbench.backends.s3.window import backing_off
 
 if TYPE_CHECKING:
     from ckptbench.backends.s3.backend import S3Backend
 
 SPARE_BUFFERS = 512 * MIB  # spare part buffers kept per process, at most
-LOST_ROUNDS = 2  # a part sent again after botocore's every attempt lost its connection
 
 
 # --- part buffers (reused: a fresh bytearray costs a memset and page faults) ---
@@ -154,7 +153,11 @@ class S3Writer(WriteHandle):
                      pooled: bool) -> dict[str, Any]:
         try:
             with self.b.calls(f"upload part {number} of {self.name}"):
-                resp = self._send_part_backing_off(number, buf, n)
+                resp = backing_off(
+                    self.b._proc().window, lambda: self.client.upload_part(
+                        Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id,
+                        PartNumber=number, Body=request_body(buf, n, self.b.zero_copy)),
+                    self.b.max_attempts, lambda: self.done)
             part = {"PartNumber": number, "ETag": resp["ETag"]}
             if resp.get("ChecksumCRC32"):
                 part["ChecksumCRC32"] = resp["ChecksumCRC32"]
@@ -162,25 +165,6 @@ class S3Writer(WriteHandle):
         finally:
             if pooled:
                 give_buffer(self.b._proc(), self.part_size, cast(bytearray, buf))
-
-    def _send_part_backing_off(self, number: int, buf: bytearray | memoryview,
-                               n: int) -> Any:
-        """One part, in a slot of the process's window (narrowed while the endpoint pushes
-        back); a part whose every botocore attempt lost its connection is sent again,
-        LOST_ROUNDS times at most, after a longer backoff and with the window halved."""
-        window = self.b._proc().window
-        for round_ in range(LOST_ROUNDS + 1):
-            try:
-                with window.slot():
-                    return self.client.upload_part(
-                        Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id,
-                        PartNumber=number, Body=request_body(buf, n, self.b.zero_copy))
-            except Exception as exc:
-                if round_ == LOST_ROUNDS or not is_connection_error(exc) or self.done:
-                    raise
-                window.congested()
-                backoff(self.b.max_attempts + round_)
-        raise AssertionError("unreachable")
 
     def _put(self, body: Any) -> None:
         """The whole object in one PUT."""

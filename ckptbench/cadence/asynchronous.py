@@ -1,13 +1,14 @@
-"""`ckptbench cadence` for asynchronous checkpoints: the blocking part of the save, the
-persist after it (the interval's floor) and the interference, given (--blocking-seconds,
---interference) or measured by a `ckptbench run --mode async` (docs/cadence.md)."""
+"""Asynchronous checkpoints for the cadence answer: the blocking part of the save, the
+persist after it (the interval's floor) and the interference, given (`cadence
+--blocking-seconds`, `--interference`) or measured by a `ckptbench run --mode async`
+(docs/cadence.md)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from ckptbench import cadence
+from ckptbench.cadence.answer import CheckpointCost
 from ckptbench.cadence.job import split_measured
 from ckptbench.errors import SpecError
 from ckptbench.jobmodel import AsyncMeasurement
@@ -55,7 +56,7 @@ def parse_ratio(text: str, option: str) -> float:
     return value
 
 
-def async_note(cost: cadence.CheckpointCost, measured: AsyncMeasurement | None,
+def async_note(cost: CheckpointCost, measured: AsyncMeasurement | None,
                bytes_per_gpu: float | None) -> str:
     """The interference charged, and where an async run's figures come from."""
     text = ""
