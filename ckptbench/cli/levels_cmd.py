@@ -19,6 +19,7 @@ from ckptbench.cadence import restart as rs
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.progress import current, shows_progress
+from ckptbench.records import read_records
 from ckptbench.report import levels_figures
 from ckptbench.simulate import Failures, simulate
 from ckptbench.units import format_duration, parse_duration, parse_fraction
@@ -83,7 +84,9 @@ def _job(options: dict[str, Any]) -> _Job:
                                                   for t in options["class_texts"]])
     gpus, per_node = options["gpus"], options["gpus_per_node"]
     rates = fc.severity_rates(scopes, classes, gpus, per_node)
-    mechanisms = rs.with_overrides(options["part_texts"])
+    measured = options["measured_start"]
+    mechanisms = rs.with_overrides(options["part_texts"], rs.MECHANISMS if measured is None
+                                   else rs.with_measured_start(_startup(measured), measured))
     chosen = rs.by_scope(options["restart_texts"])
     restart = rs.per_level(scopes, classes, gpus, per_node, mechanisms, chosen)
     last = levels[-1]
@@ -94,6 +97,15 @@ def _job(options: dict[str, Any]) -> _Job:
     text = options["schedule_text"]
     return _Job(levels, scopes, tuple(restart), alone, mechanisms, chosen, classes, rates,
                 _schedule(text, len(levels)) if text else None, gpus, per_node)
+
+
+def _startup(path: str) -> dict[str, Any]:
+    """The startup record of a run's results file (runner.startup)."""
+    found = next((r for r in read_records(path) if r.get("type") == "startup"), None)
+    if found is None:
+        raise SpecError(f"--measured-start {path}: no startup record; allowed: a results file "
+                        "of `ckptbench run` (this version or later)")
+    return found
 
 
 def _describe(o: ml.Optimum | ml.Schedule, levels: tuple[ml.Level, ...]) -> str:
@@ -142,6 +154,11 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           f"{', '.join(rs.MECHANISMS)} [default: "
                           + ", ".join(f"{k}={v}" for k, v in rs.DEFAULT_BY_SCOPE.items())
                           + "]. Repeatable."),
+        click.option("--measured-start", "measured_start", metavar="RESULTS.jsonl",
+                     help="Set the start part of the relaunches (warm-spare, replacement) to "
+                          "what a run measured: process start and imports plus its ranks' "
+                          "set-up (CUDA and NCCL initialisation not included); "
+                          "--restart-part still overrides it."),
         click.option("--restart-part", "part_texts", multiple=True, metavar="MECHANISM.PART=DUR",
                      help=f"A part of a restart mechanism ({', '.join(rs.PARTS)}), e.g. "
                           "warm-spare.reschedule=2min. Repeatable."),

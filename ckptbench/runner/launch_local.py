@@ -84,6 +84,15 @@ class Shared:
         self.progress = ctx.Array("q", size, lock=False)
         self.what = ctx.Array("c", size * WHAT_BYTES, lock=False)
         self.aborted = ctx.RawValue("b", 0)
+        self.started = ctx.Array("q", size, lock=False)  # monotonic ns each rank began at
+        self.forked_ns = 0  # the parent's, before the first fork
+
+    def set_up_s(self) -> float | None:
+        """From the first fork until the last rank ran (None: a rank never started)."""
+        started = [int(t) for t in self.started]
+        if not self.forked_ns or not all(started):
+            return None
+        return (max(started) - self.forked_ns) / 1e9
 
     def publisher(self, index: int) -> Publish:
         """A rank's StallWatch publishes here whether it expects bytes now."""
@@ -99,6 +108,7 @@ class Shared:
 
 def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: list[Any],
            errors: Any, records: Any) -> None:
+    shared.started[index] = time.monotonic_ns()
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
     # SIGTERM/SIGHUP (to the process group, by timeout/systemd/Slurm): end at once; the
@@ -141,6 +151,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, in_process: bool = False) -> None:
         self.in_process = in_process
+        self._set_up: tuple[float | None, str] = (None, "not measured")
 
     def topology(self, req: RunRequest) -> Topology:
         host, ranks = socket.gethostname(), req.ranks
@@ -150,10 +161,16 @@ class LocalLauncher(Launcher):
     def run(self, req: RunRequest, topo: Topology, sink: JsonlSink | None,
             progress: Progress | None) -> None:
         if self.in_process and len(req.ranks) == 1:
+            self._set_up = (0.0, "one rank in this process: nothing to set up")
             run_iterations(req.plan, req.ranks, req.ranks, req.backend, SingleComm(),
                            req.options, sink, progress, names=req.names)
             return
-        _run_forked(req, sink, progress)
+        shared = _run_forked(req, sink, progress)
+        self._set_up = (shared.set_up_s(), f"{len(req.ranks)} local processes forked until "
+                        "each one runs")
+
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        return self._set_up
 
 
 def _drain(inbox: Inbox, sink: JsonlSink | None) -> None:
@@ -175,7 +192,7 @@ def _reap(procs: list[Any]) -> None:
             p.join()
 
 
-def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress | None) -> None:
+def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress | None) -> Shared:
     ctx = mp.get_context("fork")
     ranks = req.ranks
     size = len(ranks)
@@ -187,6 +204,7 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
     procs = [ctx.Process(target=_child, args=(i, req, os.getpid(), shared, inboxes,
                                                errors, records), daemon=True)
              for i in range(size)]
+    shared.forked_ns = time.monotonic_ns()
     for p in procs:
         p.start()
     inbox = Inbox(records, errors)  # its reading thread starts after the forks
@@ -203,7 +221,7 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
         inbox.close()
         _drain(inbox, sink)
     if first_dead is None and stall is None and all(p.exitcode == 0 for p in procs):
-        return
+        return shared
     kind, message, recorded = stall or _failure(ranks, procs, first_dead, inbox)
     if sink is not None and not recorded:  # a rank died or stalled: the record says why
         sink.write(ErrorRecord(0, "run", kind, message))

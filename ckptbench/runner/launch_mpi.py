@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,9 +120,14 @@ class MPIComm(Comm):
         multi-node paths on one machine through it)."""
         import mpi4py
 
-        if "mpi4py.MPI" not in sys.modules:  # only the main thread talks to MPI
+        fresh = "mpi4py.MPI" not in sys.modules
+        if fresh:  # only the main thread talks to MPI
             mpi4py.rc.thread_level = "funneled"
-        from mpi4py import MPI
+        began = time.perf_counter()
+        from mpi4py import MPI  # MPI_Init_thread here, when fresh
+
+        # what MPI's initialisation took in this process (None: done before we came)
+        self.init_s = time.perf_counter() - began if fresh else None
 
         self.MPI = MPI
         self.c = comm if comm is not None else MPI.COMM_WORLD
@@ -213,6 +219,7 @@ class MPILauncher(Launcher):
         self.comm = comm
         self.root = comm.rank == 0
         self._nodes: list[dict[str, Any]] = []
+        self._init_s: float | None = None
 
     def topology(self, req: RunRequest) -> Topology:
         comm, ranks = self.comm, req.ranks
@@ -224,6 +231,9 @@ class MPILauncher(Launcher):
                 "srun --mpi=pmix or --mpi=pmi2)")
         groups = split_ranks(ranks, comm.size)
         run_id = comm.bcast(req.options.run_id)
+        inits = comm.gather(comm.init_s)
+        if inits is not None and all(t is not None for t in inits):
+            self._init_s = max(t for t in inits if t is not None)
         nodes = comm.measure_clock()
         host_of_process = {p: n["host"] for n in nodes for p in n["processes"]}
         for node in nodes:
@@ -291,6 +301,9 @@ class MPILauncher(Launcher):
 
     def barrier(self) -> None:
         self.comm.barrier()
+
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        return self._init_s, f"MPI initialisation, the slowest of {self.comm.size} ranks"
 
     def share(self, value: Any) -> Any:
         return self.comm.bcast(value)

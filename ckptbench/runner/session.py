@@ -50,6 +50,7 @@ from ckptbench.runner.cleanup import (
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
+from ckptbench.runner.startup import startup_record
 
 Progress = Callable[[int], None]
 
@@ -106,6 +107,11 @@ class Launcher(ABC):
     def share(self, value: Any) -> Any:
         """Collective: process 0's `value` on every process (the run id it claimed)."""
         return value
+
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        """After run(): how long the run's ranks took to be set up, and how (a part of a
+        restart's start: runner.startup)."""
+        return None, "not measured"
 
 
 def check_supported(plan: Plan, backend: Backend, restore: bool = False,
@@ -355,6 +361,7 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         if sink is not None:
             if end is not None:
                 sink.write(end)
+            sink.write(startup_record(*launcher.ranks_set_up(), len(topo.groups)))
             sink.flush()
         launcher.barrier()
         clean = failure is None

@@ -90,11 +90,13 @@ def records(path: Path) -> list[dict]:
 
 
 def files_of(target: Path) -> dict[str, tuple[int, str]]:
-    """Relative path (below the run directory) -> (size, sha256), manifest left out (it
-    names the run)."""
+    """Relative path (below the run directory) -> (size, sha256), manifest and the kept
+    run's record left out (they name the run, its host and its processes)."""
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
+    assert json.loads((run_dir / ".ckptbench-run").read_text())["state"] == "kept"
     return {str(p.relative_to(run_dir)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".metadata"}
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name not in (".metadata", ".ckptbench-run")}
 
 
 def manifest_entries(target: Path) -> dict[str, dict]:
@@ -182,6 +184,13 @@ def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner
     # Timestamps are on one time base: every rank's save starts after the same barrier.
     starts = [r["start_ns"] for r in mrec if r["type"] == "rank" and r["phase"] == "save"]
     assert max(starts) - min(starts) < 5e9
+    # What a restart's start costs here: MPI's initialisation, the forks of local ranks.
+    (lstart,), (mstart,) = ([r for r in recs if r["type"] == "startup"] for recs in (lrec, mrec))
+    assert mstart["ranks_set_up"] == "MPI initialisation, the slowest of 4 ranks"
+    assert lstart["ranks_set_up"] == "4 local processes forked until each one runs"
+    for start in (lstart, mstart):
+        assert start["processes"] == 4 and 0 < start["ranks_set_up_s"] < 120
+        assert 0 < start["process_start_and_imports_s"] <= start["to_run_s"] < 600
 
 
 @needs_mpi
