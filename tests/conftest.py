@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "workloads"
+
+# The commands a test starts print no progress (how many lines a run prints depends on the
+# machine's load, and many tests assert what stderr says); tests/test_progress.py turns it
+# on where it is under test.
+os.environ.setdefault("CKPTBENCH_PROGRESS", "off")
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ckptbench"
 
 # Steps of the data flow, first to last; a module's step is its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
-    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields"),
+    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields",
+     "ckptbench.progress"),
     ("ckptbench.models", "ckptbench.spec", "ckptbench.tierspec"),
     ("ckptbench.plan",),
     ("ckptbench.payload",),

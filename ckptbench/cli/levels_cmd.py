@@ -18,6 +18,7 @@ from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
+from ckptbench.progress import current, shows_progress
 from ckptbench.records import read_records
 from ckptbench.report import levels_figures
 from ckptbench.report.tiers import measured_levels
@@ -212,6 +213,7 @@ def _restarts_json(job: _Job) -> dict[str, Any]:
 
 @click.command("levels", epilog=_epilog("levels"))
 @_job_options
+@shows_progress("levels", "finding the optimum")
 def levels_command(**options: Any) -> None:
     """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
     efficiency when cheap copies survive some failures and storage survives all."""
@@ -283,6 +285,7 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
                    "that find no spare restart on the nodes left and read a resharded restore "
                    "plan, FACTOR times as long as the level's own restore (the plan's "
                    "amplification: `ckptbench restore --restore-world-size` measures it).")
+@shows_progress("simulate", "finding the optimum")
 def simulate_command(**options: Any) -> None:
     """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
     goodput over replicas and the time lost by cause and by failure class."""
@@ -296,6 +299,7 @@ def simulate_command(**options: Any) -> None:
     # the copy's restore (the level's restore less its restart) takes FACTOR times as long
     extra = [(factor - 1.0) * (lv.restore_s - r) for lv, r in zip(job.levels, job.restart_s,
                                                                    strict=True)]
+    current().phase(f"simulating {options['replicas']} runs of {options['days']:g} days")
     run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
                    options["replicas"], options["seed"], options["weibull_shape"],
                    reshard_extra_s=extra)

@@ -13,6 +13,7 @@ from ckptbench.cadence.job import JobAnswer, job_answers, job_grid
 from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
+from ckptbench.progress import current, shows_progress
 from ckptbench.report import load, table
 from ckptbench.report.tiers_table import render_tiers
 
@@ -34,6 +35,7 @@ from ckptbench.report.tiers_table import render_tiers
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="With --failure-preset: the job's GPUs [default: the workload's world_size].")
 @width_options
+@shows_progress("report", "reading the results")
 def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
                    plots_dir: str | None, force: bool, failure_preset: str | None,
                    gpus: int | None, wide: bool, width: int | None) -> None:
@@ -63,6 +65,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
                 figures.output_dir(where, option)  # refused before minutes of drawing
         for png in figures.plot_paths(runs, plots_dir) if plots_dir else ():
             check_output_path(png, "--plots", ".png", force, inputs)
+    current().phase("modelling the job" if failure_preset else "printing the summary")
     answers = job_answers(list(results), failure_preset, gpus) if failure_preset else None
     closed = None
     try:
@@ -98,8 +101,10 @@ def _draw(runs: Any, html_path: str | None, plots_dir: str | None, force: bool,
     figures drawn once."""
     from ckptbench.report import figures, html
 
+    current().phase("drawing the figures")
     drawn = figures.draw(runs)
     if html_path:
+        current().phase("writing the page")
         page = html.render_html(drawn, job_grid(answers) if answers is not None else None)
         if html_path == "-":
             table.write_stdout(page.encode("utf-8"), "the page (--html -)")

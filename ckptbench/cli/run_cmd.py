@@ -9,21 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from ckptbench.backends import BackendOptions, backend_class
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import CkptbenchError, SpecError
-from ckptbench.measure import build_request, bytes_to_move, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.records import environment
 from ckptbench.redact import redact
 from ckptbench.replay import Recorded, differences, overridden, read_recorded
@@ -154,13 +145,12 @@ def _say_differences(recorded: Recorded, req: RunRequest, run: dict[str, Any]) -
 
 
 def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
-    """Measure `req` with a progress bar; print the summary (a table, or JSON)."""
+    """Measure `req` with its progress on stderr; print the summary (a table, or JSON)."""
     full, plan, options = req.workload, req.plan, req.options
     target = run["target"]
     results_path = Path(run["results"]) if run["results"] else \
         Path("results") / f"{full.name}-{options.run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(req.ranks)
-    console = Console(stderr=True, quiet=not launch.root)
     width = table.output_width(run["wide"], run["width"])
 
     def banner() -> None:
@@ -169,18 +159,12 @@ def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
                    f"iteration(s) -> {target}"
                    + ("" if options.verify else " (restores NOT verified: --no-verify)"),
                    err=True)  # stdout: the results alone
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                  transient=True, disable=not launch.root) as progress:
-        task = progress.add_task("save+restore" if options.restore else "save",
-                                 total=bytes_to_move(req))
+    with run_status(req, "run", launch) as status:
         done = "kept what it finished" if options.keep else "removed what it wrote"
         with stopped_as(f"the run {done} on {target}", results_path):
-            outcome = measure(req, results_path, launch,
-                              on_progress=lambda n: progress.advance(task, n), on_start=banner,
-                              on_notice=lambda line: console.print(
-                                  f"ckptbench: note: {line}", markup=False, highlight=False,
-                                  soft_wrap=True))
+            outcome = measure(req, results_path, launch, on_progress=status,
+                              on_start=banner, on_notice=lambda line: status.note(
+                                  f"ckptbench: note: {line}"))
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if run["json"]:

@@ -242,6 +242,7 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
     others (they may wait for it in a gather), and those still running GRACE_S later are
     stopped. Returns (index, exit code) of the first rank that failed, or the stall."""
     reported = 0
+    per_rank = getattr(on_progress, "ranks", None)  # a progress that shows each rank
     first_dead: tuple[int, int] | None = None
     stall: Failure | None = None
     failed_at = 0.0
@@ -252,6 +253,8 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
         if on_progress and done != reported:
             on_progress(done - reported)
             reported = done
+            if per_rank is not None:
+                per_rank(shared.progress)
         if first_dead is None and stall is None:
             first_dead = next(((i, p.exitcode) for i, p in enumerate(procs)
                                if p.exitcode not in (None, 0)), None)
@@ -267,6 +270,8 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
             for p in procs:
                 if p.is_alive():
                     p.kill()  # SIGKILL: a stopped rank holds a SIGTERM pending for ever
+    if on_progress and sum(shared.progress) != reported:  # the bytes of the last moments
+        on_progress(sum(shared.progress) - reported)
     return first_dead, stall
 
 

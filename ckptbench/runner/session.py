@@ -94,7 +94,9 @@ class Launcher(ABC):
     @abstractmethod
     def run(self, req: RunRequest, topo: Topology, sink: JsonlSink | None,
             progress: Progress | None) -> None:
-        """Run the iterations on every process; raise RunFailed when one failed."""
+        """Run the iterations on every process; raise RunFailed when one failed.
+        `progress` gets the bytes moved (process 0's view); one with a `ranks` method also
+        gets each rank's bytes where the launcher sees them (local processes)."""
 
     def end_clock(self, topo: Topology) -> ClockRecord | None:
         """Collective: the clock offsets measured again after the run (the drift)."""
