@@ -222,3 +222,49 @@ def test_a_replica_cut_off_in_flight_is_never_held(tmp_path: Path) -> None:
         assert sorted(p.name for p in tmp_path.iterdir()) == [copy_name(1, 1, replica=True)], server.errors
     finally:
         server.close()
+
+
+def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
+        tmp_path: Path, memory_dir: Path) -> None:
+    """`report --failure-preset CLASSES --gpus N` of a tiered run: the tier tables and the
+    multi-level cadence (the optimum as `levels --tiers-results` finds it) in the terminal
+    table, and in the HTML page with its figure, opened in Chromium."""
+    from tests.report.chromium import find_chromium, visit
+    from tests.report.test_html_report import assert_drawn
+
+    tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node", "2",
+           "--iterations", "2", "--storage-every", "2")
+    results, page = tmp_path / "r.jsonl", tmp_path / "page.html"
+    job = ["--failure-preset", "llama3", "--gpus", "16384"]
+    report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(results), *job,
+                             "--html", str(page)], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "multi-level cadence" in report.stdout and "optimum:" in report.stdout
+    levels = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
+                             str(results), "--failure-classes", "llama3", "--gpus", "16384"],
+                            capture_output=True, text=True, timeout=300)
+    assert levels.returncode == 0, levels.stderr
+    (optimum,) = [line for line in levels.stdout.splitlines() if line.startswith("optimum:")]
+    schedule = optimum.removeprefix("optimum: ").split(" -> ")[0]
+    # the same answer as `ckptbench levels` (the terminal wraps the table's notes)
+    assert schedule in " ".join(report.stdout.split())
+    text = page.read_text()
+    assert "<h2>Recovery tiers</h2>" in text and "recovery tiers: restarts" in text
+    assert schedule in text and 'id="levels-1"' in text
+    binary = find_chromium()
+    if binary is None:
+        pytest.fail("no chromium on PATH: run .ci/setup", pytrace=False)
+    seen = visit(page, binary)
+    assert seen.errors == []
+    assert all(i["complete"] and i["width"] >= 600 for i in seen.images)
+    figure = text.split('id="levels-1"', 1)[1].split('base64,', 1)[1].split('"', 1)[0]
+    import base64
+
+    assert_drawn(base64.b64decode(figure))
+    # classes without scopes (a job preset): the tier tables, no cadence
+    plain = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(results),
+                            "--failure-preset", "opt175b"], capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    assert "recovery tiers: restarts" in plain.stdout
+    assert "multi-level cadence" not in plain.stdout
