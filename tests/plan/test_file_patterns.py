@@ -233,7 +233,8 @@ class _ObjectStore(Backend):
     def put_atomic(self, key, data): raise AssertionError
     def get(self, key): raise AssertionError
     def exists(self, key): return False
-    def remove_tree(self, prefix): ...
+    def delete(self, keys): ...
+    def list_names(self, prefix, limit): return []
 
 
 def test_shared_is_refused_for_an_object_store_in_one_line(tmp_path):
