@@ -25,7 +25,6 @@ only those (CI runs it on the way out).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -40,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import processes
-from harness.processes import ToolError, free_port
+from harness.processes import ToolError, free_port, sweep_dir_argument
 
 PACKAGES = "slurmctld slurmd slurm-client munge"
 BASE_ENV = "CKPTBENCH_SLURM_DIR"  # where clusters make their directories (CI: its own)
@@ -335,13 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     """End every process of the Slurm test clusters whose directories are under DIR
     (munged, slurmctld, slurmd, slurmstepd and their tasks), nothing else; exit 1 if
     one outlives SIGKILL."""
-    ap = argparse.ArgumentParser(prog="python -m harness.slurm",
-                                 description=main.__doc__)
-    ap.add_argument("dir", type=Path)
-    args = ap.parse_args(argv)
-    if not args.dir.is_dir():
-        ap.error(f"dir: {args.dir} is not a directory")
-    said = sweep(args.dir)
+    directory = sweep_dir_argument("python -m harness.slurm", main.__doc__, argv)
+    said = sweep(directory)
     for line in said:
         print(f"slurm sweep: {line}", file=sys.stderr)
     return 1 if any(line.startswith("could not") for line in said) else 0
