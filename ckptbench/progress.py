@@ -162,6 +162,7 @@ class Status:
         self._live: Any = None
         self._task: Any = None
         self._shown: tuple[str, int] | None = None
+        self._index = -1  # the last segment a line was printed in (interval 0)
         self._last_line = 0.0
         self.printed = 0  # plain lines printed (a final one follows those)
         self.rank_names: list[int] = []  # per rank: its name and its bytes over the run
@@ -202,13 +203,14 @@ class Status:
 
     # --- what is shown ---
 
-    def _state(self, now: float) -> tuple[str, int, float | None, tuple[int, int] | None, str]:
+    def _state(self, now: float
+               ) -> tuple[str, int, float | None, tuple[int, int] | None, str, int]:
         """(phase, bytes done, rate over the last seconds, done/total of this segment, the
-        slowest rank)."""
+        slowest rank, the segment's index)."""
         with self._lock:
             done, phase = self._done, self._phase
         if not self.segments:
-            return phase, 0, None, None, ""
+            return phase, 0, None, None, "", 0
         samples = self._samples
         if not samples or samples[-1][1] != done or now - samples[-1][0] > 1:
             samples.append((now, done))
@@ -218,10 +220,13 @@ class Status:
         rate = (done - d0) / (now - t0) if now > t0 and done > d0 else None
         i, within = locate(self.segments, done)
         seg = self.segments[i]
-        label = f"{phase}, {seg.label}" if phase else seg.label
         slowest = slowest_rank(self.rank_names, self._ranks_moved, self.rank_totals)
-        return (label, done, rate, (within, seg.total) if len(self.segments) > 1 else None,
-                slowest)
+        return (self._label(phase, seg), done, rate,
+                (within, seg.total) if len(self.segments) > 1 else None, slowest, i)
+
+    @staticmethod
+    def _label(phase: str, seg: Segment) -> str:
+        return f"{phase}, {seg.label}" if phase else seg.label
 
     def _tick(self, final: bool = False) -> None:
         with self._draw:  # the thread, and phase() with an interval of 0
@@ -229,7 +234,7 @@ class Status:
 
     def _draw_now(self, final: bool) -> None:
         now = time.monotonic()
-        phase, done, rate, of_phase, slowest = self._state(now)
+        phase, done, rate, of_phase, slowest, index = self._state(now)
         elapsed = now - self._start
         if self.kind == "live":
             self._live.update(self._task, completed=done, description=phase + (
@@ -239,12 +244,27 @@ class Status:
         changed = self._shown != (phase, done)
         due = (changed if interval == 0 else now - self._last_line >= interval
                and elapsed >= interval)
+        if interval == 0 and self.kind == "plain":
+            self._skipped(index, elapsed, rate)
         if (due and phase) or (final and self.printed):
             self.stream.write(line(self.command, phase + (" (done)" if final else ""), elapsed,
                                    done, self.total, rate, of_phase, slowest) + "\n")
             self.stream.flush()
             self.printed += 1
             self._shown, self._last_line = (phase, done), now
+
+    def _skipped(self, index: int, elapsed: float, rate: float | None) -> None:
+        """At every change (interval 0), a segment that began and ended between two looks
+        still gets its line, as done: a fast save is a change too."""
+        with self._lock:
+            phase = self._phase
+        before = sum(s.total for s in self.segments[:self._index + 1])
+        for seg in self.segments[self._index + 1:index]:
+            before += seg.total
+            self.stream.write(line(self.command, self._label(phase, seg) + " (done)", elapsed,
+                                   before, self.total, rate, (seg.total, seg.total)) + "\n")
+            self.printed += 1
+        self._index = max(self._index, index)
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):

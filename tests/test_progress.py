@@ -93,6 +93,28 @@ def test_advance_from_many_threads_loses_nothing(tmp_path: Path) -> None:
     assert status._done == 80_000
 
 
+def test_a_segment_passed_between_two_looks_still_gets_its_line() -> None:
+    """At every change (interval 0) each segment is named, even one that began and ended
+    between two looks of the thread (a fast save on a busy machine)."""
+    import io
+
+    stream = io.StringIO()
+    status = Status("run", [Segment("save 1", 10), Segment("restore 1", 10),
+                            Segment("save 2", 10), Segment("restore 2", 10)],
+                    settings=Settings("plain", 0), stream=stream)
+    status.phase("")
+    status.advance(5)
+    status._tick()
+    status.advance(30)  # restore 1 and save 2 both done unseen; restore 2 half done
+    status._tick()
+    status.advance(5)
+    status._tick(final=True)
+    shown = stream.getvalue().splitlines()
+    assert [x.split(":")[1].strip() for x in shown] == [
+        "save 1", "restore 1 (done)", "save 2 (done)", "restore 2", "restore 2 (done)"], shown
+    assert "10 B of 10 B (100%)" in shown[2] and "75% of all" in shown[2], shown[2]
+
+
 # --- the commands ---
 
 def test_run_in_a_pipe_prints_phase_bytes_and_rate_and_json_stays_pure(tmp_path: Path) -> None:
