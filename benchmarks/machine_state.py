@@ -36,8 +36,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ckptbench.testing import ToolError, run
 from ckptbench.units import parse_size
+from harness import ToolError, run
 
 GIB = 1 << 30
 # Free page reporting (virtio-balloon's, for one) hands free blocks of at least this order

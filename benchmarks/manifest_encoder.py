@@ -22,8 +22,12 @@ import json
 import time
 from typing import Any
 
-from ckptbench.formats.base import manifest_files
-from ckptbench.formats.manifest import ManifestWriter, encode_members, manifest_bytes
+from ckptbench.formats.manifest import (
+    ManifestWriter,
+    encode_members,
+    manifest_bytes,
+    manifest_files,
+)
 from ckptbench.plan import Plan, build_plan
 from ckptbench.spec import load_workload
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.ckpt_turns import DCP_SCALE, DCP_WORKLOAD, run_turn  # noqa: E402
-from ckptbench.testing import MinioServer  # noqa: E402
+from harness import MinioServer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,8 +64,8 @@ from ckptbench.fields import parse_ranks  # noqa: E402
 from ckptbench.measure import build_request, measure  # noqa: E402
 from ckptbench.plan import build_plan  # noqa: E402
 from ckptbench.spec import load_workload, scaled  # noqa: E402
-from ckptbench.testing import FioJob, find_binary, run_fio  # noqa: E402
 from ckptbench.units import parse_size  # noqa: E402
+from harness import FioJob, find_binary, run_fio  # noqa: E402
 
 
 def run_ckptbench(workload: Path, directory: Path, scale: int, ranks: str, bs: int,

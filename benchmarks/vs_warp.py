@@ -30,7 +30,7 @@ of the whole checkpoint), as in vs_fio; warp generates its data as it sends.
 The checkpoint's object count is rounded up to a multiple of C where the model allows
 (model_layers), so each wave of the save moves C objects at once, as warp's steady state
 does. Before each tool's turn the MinIO this script started has its trash emptied
-(ckptbench.testing.minio.empty_trash says why) and the page cache is dropped (when
+(harness.minio.empty_trash says why) and the page cache is dropped (when
 permitted); turns alternate in ABBA order (warp, ckptbench, ckptbench, warp, ...) over
 --repeat, and each turn's share of CPU stolen by the hypervisor (a busy neighbour on the
 host) is printed with it.
@@ -82,14 +82,14 @@ from benchmarks.machine_state import (  # noqa: E402
     warm_size,
 )
 from ckptbench.errors import CkptbenchError, SpecError  # noqa: E402
-from ckptbench.testing import (  # noqa: E402
+from ckptbench.units import parse_size  # noqa: E402
+from harness import (  # noqa: E402
     MinioServer,
     ToolError,
     WarpOptions,
     find_binary,
     run_warp,
 )
-from ckptbench.units import parse_size  # noqa: E402
 
 MIB = 1 << 20
 DCP_WORKLOAD_NAME = DCP_WORKLOAD.stem

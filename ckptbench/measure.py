@@ -21,11 +21,15 @@ from ckptbench.fields import parse_ranks
 from ckptbench.formats import check_format
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import restore_plan_of
+from ckptbench.progress import Segment, Status
 from ckptbench.records import JsonlSink
 from ckptbench.report import summarize, summarize_async, view
+from ckptbench.report.tiers import summarize_tiers
 from ckptbench.runner import Launcher, RunOptions, RunRequest, kept, new_run_id, run_session
 from ckptbench.runner.options import PLANNED_RESTORE, LoopOptions
+from ckptbench.runner.sequence import steps
 from ckptbench.spec import Workload, load_workload, scaled, with_restore_layout
+from ckptbench.tierspec import TiersSpec, tiers_with_flags
 from ckptbench.units import format_bytes
 
 
@@ -51,6 +55,7 @@ def build_request(workload: str | Path | Workload, target: str | None = None, *,
     settings["format"] = fmt
     codec = check_format(fmt, settings["codec"], plan, selected)
     settings["codec"] = codec.text() if fmt == "zarr" else "none"
+    extra["tiers"] = tiers_of(command, full.tiers, settings, extra.pop("tiers_spec", None))
     run_options = _run_options(settings, extra, fmt, run_workload.checkpoint.threads)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,
@@ -112,6 +117,8 @@ def _settings(command: str, target: str | None, given: Mapping[str, Any]
         given.update({f"loop.{k}": v for k, v in loop.__dict__.items()})
     if target is not None:
         given["target"] = target
+    if isinstance(given.get("tiers"), TiersSpec):  # the RunOptions field, not the option
+        given["tiers_spec"] = given.pop("tiers")
     extra: dict[str, Any] = {}
     for key, value in given.items():
         opt = by_field.get(key) if key not in settings else runspec.option(key)
@@ -138,6 +145,17 @@ def _run_options(settings: dict[str, Any], extra: dict[str, Any], fmt: str,
                   restore_plan=settings["restore_plan"], codec=settings["codec"], format=fmt)
     extra.setdefault("run_id", new_run_id())
     return RunOptions(**fields, loop=LoopOptions(**loop), **extra)
+
+
+def tiers_of(command: str, base: TiersSpec, settings: Mapping[str, Any],
+             spec: TiersSpec | None = None) -> TiersSpec:
+    """The recovery tiers of a `run`: the workload's [tiers] (`base`) with the tier options
+    given (or a TiersSpec given whole); the other commands have none."""
+    if spec is not None:
+        return spec
+    if command != "run":
+        return TiersSpec()
+    return tiers_with_flags(base, {key: settings[name] for name, key in runspec.TIER_KEYS.items()})
 
 
 def check_settings(settings: Mapping[str, Any], fmt: str) -> None:
@@ -181,14 +199,6 @@ def restore_bytes(plan: Plan, selected: list[int], restore_plan: str) -> int:
     return rplan.bytes_of_ranks([r for r in selected if r < rplan.world_size])
 
 
-def bytes_to_move(req: RunRequest) -> int:
-    """Bytes the whole run writes and reads (a progress bar's total)."""
-    o = req.options
-    writes = 0 if o.checkpoint else req.plan.bytes_of_ranks(req.ranks)
-    reads = restore_bytes(req.plan, req.ranks, o.restore_plan) if o.restore else 0
-    return (writes + reads) * o.iterations
-
-
 def check_disk(req: RunRequest) -> None:
     """writes-then-reads keeps every checkpoint on the target until its read: a local
     target whose file system cannot hold them all is refused before anything is written."""
@@ -226,7 +236,8 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
         failure = run_session(req, launcher, sink, on_progress, on_start, on_notice)
     finally:
         if sink is not None and sink.is_open:  # also when interrupted: what ran is summarized
-            sink.write_all(summarize(sink.records) + summarize_async(sink.records))
+            sink.write_all(summarize(sink.records) + summarize_async(sink.records)
+                           + summarize_tiers(sink.records))
             sink.close()
             outcome = view(sink.records, str(results))
         elif sink is not None:
@@ -234,3 +245,45 @@ def measure(req: RunRequest, results: str | Path, launcher: Launcher | None = No
     if failure is not None:
         raise failure
     return outcome
+
+
+def progress_segments(req: RunRequest) -> list[Segment]:
+    """The stretches of `req`'s bytes in the order the ranks move them (behind barriers):
+    each checkpoint's save (an async run's persist) and restore, in the run's sequence."""
+    o = req.options
+    n = o.iterations
+    saves = 0 if o.checkpoint else req.plan.bytes_of_ranks(req.ranks)
+    reads = restore_bytes(req.plan, req.ranks, o.restore_plan) if o.restore else 0
+    save = "persist" if o.mode == "async" else "save"
+    order = steps("writes-then-reads" if o.mode == "async" else o.sequence, n)
+    out: list[Segment] = []
+    for step in order:
+        if step.save and saves:
+            out.append(Segment(f"{save} checkpoint {step.iteration}/{n}", saves))
+        if step.read and reads:
+            out.append(Segment(f"restore checkpoint {step.iteration}/{n}", reads))
+    return out or [Segment("run", 0)]
+
+
+def run_status(req: RunRequest, command: str, launcher: Launcher | None = None) -> Status:
+    """The progress of `req` on stderr (ckptbench.progress), on process 0 alone: pass its
+    advance (or the status itself: local processes then show the slowest rank) as
+    `measure`'s on_progress and its note as on_notice."""
+    status = Status(command, progress_segments(req), enabled=launcher is None or launcher.root)
+    status.rank_names, status.rank_totals = list(req.ranks), rank_totals(req)
+    return status
+
+
+def rank_totals(req: RunRequest) -> list[int]:
+    """Bytes each rank of `req` moves over the run: its saves and the reads of its place
+    in the restore layout (or its own files read back)."""
+    o = req.options
+    saves = req.plan.rank_bytes()
+    reads = saves
+    if o.restore and o.uses_restore_plan:
+        reads = restore_plan_of(req.plan).rank_bytes()
+    out = []
+    for r in req.ranks:
+        read = int(reads[r]) if o.restore and r < len(reads) else 0
+        out.append(o.iterations * (read + (0 if o.checkpoint else int(saves[r]))))
+    return out

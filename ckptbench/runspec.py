@@ -31,6 +31,7 @@ from ckptbench.runner.options import MODES
 from ckptbench.runner.sequence import SEQUENCES
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import MAX_WORKLOAD_FILE_BYTES
+from ckptbench.tierspec import DEFAULT_MEMORY_DIR, PLACEMENTS
 from ckptbench.units import format_size, parse_duration, parse_size
 
 # Groups of --help, in the order printed.
@@ -41,6 +42,11 @@ COMMANDS = ("run", "restore", "sweep", "mlperf")
 KINDS = ("str", "int", "float", "bool", "size", "duration", "choice", "ranks")
 RESTORE_PLANS = ("dcp", "files")
 LAUNCHERS = ("auto", "local", "mpi")
+# tier option -> the workload's [tiers] key it overrides; together (no field each) they
+# make RunOptions.tiers (ckptbench.tierspec.tiers_with_flags, in measure.build_request)
+TIER_KEYS = {"tiers": "use", "memory_dir": "memory_dir", "memory_budget": "memory_budget",
+             "peer_replicas": "peer_replicas", "peer_placement": "placement",
+             "ranks_per_node": "ranks_per_node", "storage_every": "storage_every"}
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,23 @@ def _options() -> tuple[RunOption, ...]:
         o("state_device", "async: where the state lives; cuda: torch CUDA tensors, pinned "
           "staging, device-to-host snapshots (auto: when torch has CUDA).", "async",
           default="auto", kind="choice", choices=("auto", "host", "cuda"), field="loop.device"),
+        # recovery tiers (ckptbench.tierspec; unset: the workload's [tiers] key of the name)
+        o("tiers", "Recovery tiers, e.g. memory,peer,storage: memory (a node-local copy in "
+          "--memory-dir), peer (replicas on other nodes), storage (TARGET, every "
+          "--storage-every-th checkpoint) [default: the workload's [tiers] use; none: storage "
+          "alone].", "async"),
+        o("memory_dir", "tiers: where the node-local copies live [default: the workload's, "
+          f"else {DEFAULT_MEMORY_DIR}].", "async"),
+        o("memory_budget", "tiers: host memory the copies may hold per node, e.g. 64GiB "
+          "[default: what --memory-dir has free].", "async", kind="size", unit="bytes"),
+        o("peer_replicas", "tiers: replicas of each node's copy on other nodes [default: 1].",
+          "async", kind="int", minimum=1),
+        o("peer_placement", "tiers: ring (node n -> n+1..n+k) or clique (groups of k+1 nodes) "
+          "[default: ring].", "async", kind="choice", choices=PLACEMENTS),
+        o("ranks_per_node", "tiers: processes per node (nodes emulated on one host) [default: "
+          "0, the launcher's hosts].", "async", kind="int", minimum=0),
+        o("storage_every", "tiers: save every N-th checkpoint to TARGET [default: 1].",
+          "async", kind="int", minimum=1),
         # output
         o("results", "Results file (JSON Lines) [default: results/<workload>-<run id>.jsonl].",
           "output", ("run", "restore", "mlperf"), request=False),

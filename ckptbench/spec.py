@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ckptbench import tierspec
 from ckptbench.errors import SpecError
 from ckptbench.fields import allowed, choice_field, int_field, read_toml, shown
 
@@ -126,6 +127,7 @@ class Workload:
     description: str = ""
     # The layout the job restarts with; None: the training layout (``parallel``).
     restore: ParallelSpec | None = None
+    tiers: tierspec.TiersSpec = field(default_factory=tierspec.TiersSpec)  # [tiers]
 
     @property
     def restore_parallel(self) -> ParallelSpec:
@@ -170,6 +172,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     # The layout the job restarts with (DCP reshards onto it); each key defaults to
     # the training layout's value.
     "restore": RESTORE_KEYS,
+    "tiers": tierspec.KEYS,
 }
 
 
@@ -395,6 +398,7 @@ def parse_workload(data: Mapping[str, Any], name: str = "workload") -> Workload:
         parallel=parallel,
         checkpoint=checkpoint,
         restore=restore,
+        tiers=tierspec.parse_tiers(data.get("tiers", {})),
     )
 
 
@@ -408,6 +412,8 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
     restore = data.get("restore")
     if isinstance(restore, Mapping):
         tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
+    if isinstance(data.get("tiers"), Mapping) and data["tiers"].get("use"):  # a tiered run
+        tables["tiers"] = {k: v for k, v in data["tiers"].items() if k in tierspec.KEYS}
     return parse_workload(tables, name=str(data.get("name", "workload")))
 
 

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ROOT / "workloads"
+
+# The commands a test starts print no progress (how many lines a run prints depends on the
+# machine's load, and many tests assert what stderr says); tests/test_progress.py turns it
+# on where it is under test.
+os.environ.setdefault("CKPTBENCH_PROGRESS", "off")
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside: SIGTERM (a CI timeout) is an interrupt, so session fixtures tear
+    down the services they started instead of pytest ending without teardown."""
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture
@@ -23,7 +48,7 @@ def minio_server():
     CKPTBENCH_SKIP_S3=1; .ci/setup builds it from source (pinned)."""
     import os
 
-    from ckptbench.testing import MinioServer, find_binary
+    from harness import MinioServer, find_binary
 
     if not find_binary("minio"):
         if os.environ.get("CKPTBENCH_SKIP_S3") == "1":
@@ -42,37 +67,28 @@ def minio_server():
 # --- GlusterFS: one real server with two volumes for the whole session ---
 @pytest.fixture(scope="session")
 def gluster():
-    """A real GlusterFS (ckptbench.testing.gluster.GlusterBed): glusterd on a 127.0.1.N
+    """A real GlusterFS (harness.gluster.GlusterBed): glusterd on a 127.0.1.N
     address, volume `ckb` over two bricks mounted twice (`plain`, `other`: two clients),
     volume `ckbshard` with the shard translator (4MB) mounted once (`shard`); everything
     it started is ended after the last test. Skipped only where FUSE is unavailable (no
     /dev/fuse, or not root); missing Gluster packages fail (.ci/setup installs them)."""
-    import signal
-
-    from ckptbench.testing import ToolError
-    from ckptbench.testing.gluster import GlusterBed, unavailable
+    from harness import ToolError
+    from harness.gluster import GlusterBed, unavailable
 
     reason = unavailable()
     if reason:
         pytest.skip(reason)
-
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
     # A CI timeout's SIGTERM would end pytest without teardown, and glusterd's daemonized
     # bricks and the mounts would stay: as an interrupt, the session tears down first.
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, interrupted)
-    try:
-        bed = GlusterBed.start()
-    except ToolError as exc:
-        pytest.fail(f"GlusterFS: {exc}", pytrace=False)
-    try:
-        yield bed
-    finally:
-        bed.stop()
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_interrupts():
+        try:
+            bed = GlusterBed.start()
+        except ToolError as exc:
+            pytest.fail(f"GlusterFS: {exc}", pytrace=False)
+        try:
+            yield bed
+        finally:
+            bed.stop()
 
 
 @pytest.fixture
@@ -84,6 +100,32 @@ def gluster_dir(gluster, request):
     path = gluster.plain.path / f"{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+# --- Slurm: one cluster of emulated nodes for the whole session ---
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm cluster (harness.slurm.SlurmCluster): munged, slurmctld and
+    two slurmd daemons (nodes n1, n2 on 127.0.0.1, 4 CPUs each) in a directory of its own;
+    everything it started is ended after the last test. Skipped only where the daemons
+    cannot run (not Linux, not root); missing packages fail (.ci/setup installs them)."""
+    from harness import ToolError
+    from harness.slurm import SlurmCluster, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    # As for Gluster: a CI timeout's SIGTERM tears the cluster down first (slurmstepd and
+    # its tasks are detached from the daemons and would stay).
+    with sigterm_interrupts():
+        try:
+            cluster = SlurmCluster(nodes=2, cpus=4).start()
+        except ToolError as exc:
+            pytest.fail(f"Slurm: {exc}", pytrace=False)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 # --- the quick subset (`pytest -m quick`, tests/quick.py) ---

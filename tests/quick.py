@@ -31,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "tests/test_quick_subset.py",
     "tests/plan/test_order.py",
     "tests/plan/test_models.py",
+    "tests/plan/test_tier_plan.py",
     "tests/formats/test_codecs.py",
     "tests/backends/test_options.py",
     "tests/backends/test_owned_dirs.py",

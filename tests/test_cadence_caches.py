@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 from tests import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent

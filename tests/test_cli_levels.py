@@ -301,3 +301,43 @@ def test_a_classes_file_that_is_a_fifo_is_refused_without_waiting(
     os.mkfifo(fifo)
     assert "is a FIFO" in one_line_error(capsys, "levels", *THREE, "--failure-classes",
                                          str(fifo), "--gpus", "16")
+
+
+def test_a_runs_measured_start_sets_the_relaunches_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run records what a restart's start costs here (process start and imports, the
+    ranks' set-up); --measured-start puts it in the relaunches' start part, and an
+    explicit --restart-part still wins."""
+    results = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "ckptbench", "run", str(ROOT / "workloads" /
+                        "tiny.toml"), "--target", str(tmp_path / "t"), "--results",
+                        str(results), "--no-restore", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    (start,) = [json.loads(line) for line in results.read_text().splitlines()
+                if json.loads(line)["type"] == "startup"]
+    measured = start["process_start_and_imports_s"] + start["ranks_set_up_s"]
+    assert 0 < measured < 600
+    out = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--json",
+                            "--measured-start", str(results)).stdout)
+    plain = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384",
+                              "--json").stdout)
+    mech, before = out["restarts"]["mechanisms"], plain["restarts"]["mechanisms"]
+    for name in ("warm-spare", "replacement"):
+        assert mech[name]["start"] == pytest.approx(measured)
+        assert mech[name]["seconds"] == pytest.approx(
+            before[name]["seconds"] - before[name]["start"] + measured)
+        assert "measured by" in mech[name]["source"]
+    assert mech["in-process"] == before["in-process"]
+    given = json.loads(levels(*THREE, "--failure-classes", "llama3", "--gpus", "16384", "--json",
+                              "--measured-start", str(results), "--restart-part",
+                              "warm-spare.start=7s").stdout)["restarts"]["mechanisms"]
+    assert given["warm-spare"]["start"] == 7.0
+    no_start = tmp_path / "old.jsonl"
+    no_start.write_text("".join(line + "\n" for line in results.read_text().splitlines()
+                                if '"startup"' not in line))
+    for bad in (no_start, tmp_path / "missing.jsonl"):
+        assert str(bad) in one_line_error(capsys, "levels", *THREE, "--failure-classes",
+                                          "llama3", "--gpus", "1024", "--measured-start",
+                                          str(bad))
+

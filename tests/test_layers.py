@@ -10,6 +10,7 @@ function (imports done lazily are still dependencies).
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ckptbench"
 
 # Steps of the data flow, first to last; a module's step is its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
-    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields"),
-    ("ckptbench.models", "ckptbench.spec"),
+    ("ckptbench", "ckptbench.errors", "ckptbench.units", "ckptbench.redact", "ckptbench.fields",
+     "ckptbench.progress"),
+    ("ckptbench.models", "ckptbench.spec", "ckptbench.tierspec"),
     ("ckptbench.plan",),
     ("ckptbench.payload",),
     ("ckptbench.backends",),
@@ -128,12 +130,34 @@ def test_no_import_cycle() -> None:
             visit(m)
 
 
+@pytest.mark.parametrize("handle", ["reader", "writer", "crt", "obstore_io", "boto_readahead"])
+def test_s3_handles_see_the_session_not_the_backend(handle: str) -> None:
+    """S3's upload and download handles hold s3.session.S3Session, never S3Backend (whose
+    private members they used to reach into)."""
+    assert "ckptbench.backends.s3.backend" not in GRAPH[f"ckptbench.backends.s3.{handle}"]
+
+
+def test_the_package_never_imports_the_harness() -> None:
+    """The service harnesses (MinIO, GlusterFS, warp, fio) are the repository's, not the
+    installed package's: pyproject installs ckptbench* only, so an import of `harness`
+    from ckptbench would fail for every user."""
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{module}: {n}" for n in names if n.split(".")[0] == "harness"]
+    assert not found
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["ckptbench*"]
+
+
 def test_the_walk_sees_imports() -> None:
     """The checker itself: it must find known edges, or the tests above prove nothing."""
     assert "ckptbench.formats.base" in GRAPH["ckptbench.formats.raw"]
     assert "ckptbench.runner.driver" in GRAPH["ckptbench.runner.launch_local"]
-    assert "ckptbench.backends.s3.backend" in GRAPH["ckptbench.backends.s3.reader"]
-    assert "ckptbench.backends.s3.backend" not in RUNTIME["ckptbench.backends.s3.reader"]
+    assert "ckptbench.backends.s3.session" in GRAPH["ckptbench.backends.s3.reader"]
+    assert "ckptbench.backends.s3.session" not in RUNTIME["ckptbench.backends.s3.reader"]
     assert layer("ckptbench.cli.run_cmd") > layer("ckptbench.runner.session") > layer("ckptbench.plan.core")
 
 

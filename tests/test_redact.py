@@ -74,7 +74,8 @@ class _Talkative(Backend):
     def put_atomic(self, key: str, data: bytes) -> None: raise AssertionError
     def get(self, key: str) -> bytes: raise AssertionError
     def exists(self, key: str) -> bool: return False
-    def remove_tree(self, prefix: str) -> None: ...
+    def delete(self, keys: Any) -> None: ...
+    def list_names(self, prefix: str, limit: int) -> list[str]: return []
 
 
 def test_describe_and_records_go_through_redact(tmp_path: Any) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 from tests.runner.test_restore_run import measured_reads, planned_reads
 from tests.test_s3_run import TINY, assert_no_secrets, ckptbench, load
 

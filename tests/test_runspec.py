@@ -158,7 +158,9 @@ def test_replay_says_what_differs(tmp_path: Path) -> None:
     ("keep = 1", "[run] keep = 1 is not allowed", "true or false"),
     ("format = \"tar\"", "[run] format = 'tar' is not allowed", "raw, zarr"),
     ("block_size = \"8 parsecs\"", "[run] block_size", "8 parsecs"),
-    ("ranks_per_node = 2", "[run] ranks_per_node: no such run option", "allowed: "),
+    ("replicas = 2", "[run] replicas: no such run option", "allowed: "),
+    ("peer_replicas = 0", "[run] peer_replicas = 0 is not allowed", "an integer, 1 or more"),
+    ("peer_placement = \"star\"", "[run] peer_placement = 'star' is not allowed", "ring, clique"),
 ])
 def test_bad_run_table_is_one_line(tmp_path: Path, table: str, field: str, rule: str) -> None:
     bench = workload_with_run(tmp_path, table + "\n")

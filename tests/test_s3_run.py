@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ckptbench.testing import FaultProxy, MinioServer, free_port
-from ckptbench.testing.minio import uploads_in_flight
+from harness import FaultProxy, MinioServer, free_port
+from harness.minio import uploads_in_flight
 
 pytestmark = pytest.mark.s3
 

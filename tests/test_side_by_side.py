@@ -17,7 +17,7 @@ import pytest
 from benchmarks import machine_state
 from benchmarks.machine_state import GIB, parse_warm, reporting_paused, warm_size
 from ckptbench.errors import SpecError
-from ckptbench.testing import empty_trash, find_binary
+from harness import empty_trash, find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^(\S+)\s+(save|restore|PUT|GET)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", re.M)

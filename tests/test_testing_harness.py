@@ -1,4 +1,4 @@
-"""ckptbench.testing, the harness tests and benchmarks share: the processes it starts die
+"""harness, the service harness tests and benchmarks share (not installed): the processes it starts die
 with it, its tools' output is read right, and its errors are one line."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.testing import (
+from harness import (
     FaultProxy,
     FioJob,
     MinioServer,
@@ -24,8 +24,8 @@ from ckptbench.testing import (
     run,
     run_fio,
 )
-from ckptbench.testing.fio import jobfile, parse_bandwidth
-from ckptbench.testing.warp import (
+from harness.fio import jobfile, parse_bandwidth
+from harness.warp import (
     WarpOptions,
     duration_seconds,
     parse_report,
@@ -90,7 +90,7 @@ def test_a_tool_dies_with_a_harness_killed_outright(tmp_path: Path) -> None:
     """SIGKILL leaves the harness no chance to clean up: the kernel ends its tools."""
     pids = tmp_path / "pids"
     harness = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom ckptbench.testing import processes\n"
+        [sys.executable, "-c", "import sys, time\nfrom harness import processes\n"
          "p = processes.start(['sleep', '300'])\n"
          "open(sys.argv[1], 'w').write(str(p.pid))\ntime.sleep(300)", str(pids)],
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -106,7 +106,7 @@ def test_a_tool_dies_with_a_harness_killed_outright(tmp_path: Path) -> None:
 def test_minio_dies_with_a_harness_killed_outright(minio_server: MinioServer, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     harness = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom ckptbench.testing import MinioServer\n"
+        [sys.executable, "-c", "import sys, time\nfrom harness import MinioServer\n"
          "m = MinioServer(sys.argv[2], data_dir=sys.argv[3]).start()\n"
          "open(sys.argv[1], 'w').write(str(m.proc.pid))\ntime.sleep(300)",
          str(pids), minio_server.binary, str(tmp_path / "data")],

@@ -2,18 +2,23 @@
 
 Keys are '/'-separated paths relative to the target. A backend never times itself or
 prints: the runner owns the clock and wraps each call (open, write, sync, close, read).
-Optional operations (shared files, striping, cache eviction) are methods here with a
-default that says "not here", so the runner never asks which backend it holds.
+A backend is a small core (the abstract methods of :class:`Backend`: the target, open
+for write and read, small atomic objects, delete and list by name) plus optional
+capabilities, each a protocol a backend has by defining its methods: N-1 writes
+(:class:`SharedFileWrites`), :class:`Striping`, :class:`PlannedReads`, page-cache control
+(:class:`PageCacheControl`, :class:`HostCacheControl`). A run that needs one the backend
+lacks is refused in one line before anything is created (:meth:`Backend.check_run`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from ckptbench import __version__
 from ckptbench.backends.options import BackendOptions, IOHints
@@ -83,12 +88,74 @@ class ReadHandle(ABC):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a run may rely on beyond the abstract methods; checked once, before a run
-    creates anything (:meth:`Backend.check_run`)."""
+    """What a run may rely on of the backend's bytes beyond the abstract methods; checked
+    once, before a run creates anything (:meth:`Backend.check_run`)."""
 
-    shared_file: bool = False  # one file written by several ranks (create_shared, regions)
     restore: bool = True  # reads return what was written (the null backend keeps nothing)
     multi_process: bool = True  # what one process writes, the others can read
+
+
+# Optional capabilities: a backend has one by defining its methods. Each is resolved once,
+# where a run is set up (Backend.check_run refuses a run that needs one it lacks; the
+# runner and formats then hold the backend as that capability, or do without).
+
+
+@runtime_checkable
+class SharedFileWrites(Protocol):
+    """N-1: one file written by several ranks, each its own region."""
+
+    def create_shared(self, key: str, size: int) -> None:
+        """Create the shared file `key` (once, by the coordinator, before the clock)."""
+
+    def open_write_region(self, key: str, offset: int, size: int, file_size: int
+                          ) -> WriteHandle:
+        """Write `size` bytes at `offset` of the shared file `key` (of `file_size` bytes)."""
+
+
+@runtime_checkable
+class Striping(Protocol):
+    """A stripe layout for the files made under a directory (Lustre, GlusterFS)."""
+
+    def set_striping(self, prefix: str, stripe_size: int, stripe_count: int) -> dict[str, Any]:
+        """Set the stripe layout of the files made under `prefix`; say what was applied,
+        or why not (recorded in the run record)."""
+
+
+@runtime_checkable
+class PlannedReads(Protocol):
+    """Reads known before the first one (a restore plan's): fetched ahead, concurrently."""
+
+    def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
+        """A read handle for `key` that will be asked for `spans` ((offset, length), in
+        this order); a read outside them is served all the same."""
+
+
+@runtime_checkable
+class PageCacheControl(Protocol):
+    """Evicting a process's own files from a cache before a restore."""
+
+    def drop_cache(self, keys: list[str]) -> str:
+        """Keep restores of `keys` from reading what this process's save left in a cache;
+        say how ('none' when nothing applies)."""
+
+
+@runtime_checkable
+class HostCacheControl(Protocol):
+    """Dropping the whole host's page cache (one process per host, where permitted)."""
+
+    def drop_host_caches(self) -> bool:
+        """Drop the host's caches; say if it worked (after drop_cache said 'fadvise')."""
+
+
+def capabilities_of(cls: type[Backend]) -> dict[str, bool]:
+    """What a backend class can do, as ``ckptbench backends`` lists it."""
+    return {"shared_file": issubclass(cls, SharedFileWrites),
+            **dataclasses.asdict(cls.capabilities)}
+
+
+def unsupported(backend: Backend, what: str) -> BackendError:
+    return BackendError(f"{what} is not supported by the {backend.name} backend (target "
+                        f"{backend.target}); allowed: {SHARED_FILE_TARGETS}")
 
 
 SHARED_FILE_TARGETS = "a directory on a local or parallel file system (a path or file://)"
@@ -138,7 +205,7 @@ class Backend(ABC):
         library's own storage layer (torch-dcp), not this backend's handles."""
         del own_storage
         caps = self.capabilities
-        if shared_file and not caps.shared_file:
+        if shared_file and not isinstance(self, SharedFileWrites):
             raise BackendError(
                 f"[checkpoint] files = 'shared' (one file written by all ranks) needs a file "
                 f"system target; {self.target} is a {self.name} target; allowed there: "
@@ -182,14 +249,6 @@ class Backend(ABC):
     @abstractmethod
     def open_read(self, key: str) -> ReadHandle: ...
 
-    def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
-        """A read handle for `key` that will be asked for `spans` ((offset, length), in
-        this order), as a restore plan's reads are known before the first (DCP hands its
-        storage reader all of a file's reads at once). A store may fetch them ahead and
-        concurrently; a read outside them is served all the same. Default: open_read."""
-        del spans
-        return self.open_read(key)
-
     def buffer_bytes(self) -> int:
         """The most memory one process's transfers hold besides the runner's buffers (a
         store's upload parts and read-ahead), counted in the run's memory bound before it
@@ -216,11 +275,6 @@ class Backend(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
-    @abstractmethod
-    def remove_tree(self, prefix: str) -> None:
-        """Delete everything under `prefix`. For tests and tools: a run deletes what it
-        wrote by name (:meth:`delete`, :meth:`remove_dir`), never by listing a prefix."""
-
     # --- what a run made, by name: a listing never decides what is deleted ---
     def create_dir(self, key: str) -> Identity | None:
         """Make `key` a new directory for this run alone (parents as needed); NameTaken when
@@ -245,11 +299,11 @@ class Backend(ABC):
             self.remove_dir(f"{base}/{d}")
         self.remove_dir(base)
 
+    @abstractmethod
     def delete(self, keys: Sequence[str]) -> None:
         """Delete these files or objects (written by this run; absent ones are fine). Best
-        effort, like a cleanup on the way out: failures are counted, never raised."""
-        raise BackendError(f"the {self.name} backend cannot delete by name (target "
-                           f"{self.target})")
+        effort, like a cleanup on the way out: failures are counted, never raised. A run
+        deletes what it wrote by name, never by listing a prefix."""
 
     def abort_uploads(self, keys: Sequence[str]) -> int:
         """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
@@ -266,45 +320,15 @@ class Backend(ABC):
         directories: nothing to do."""
         return None
 
+    @abstractmethod
     def list_names(self, prefix: str, limit: int) -> list[str]:
         """Up to `limit` files or objects under `prefix/` (relative to the target), for
         reporting what is left there; never used to decide what to delete."""
-        return []
 
     def run_dirs(self) -> list[str]:
         """The directories (key prefixes) at the top of the target: where a later run looks
         for what an interrupted run left."""
         return []
-
-    # --- one file, several writers (N-1): backends with capabilities.shared_file ---
-    def create_shared(self, key: str, size: int) -> None:
-        """Create the shared file `key` (once, by the coordinator, before the clock)."""
-        raise self._unsupported("one file written by several ranks")
-
-    def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> WriteHandle:
-        """Write `size` bytes at `offset` of the shared file `key` (of `file_size` bytes)."""
-        raise self._unsupported("one file written by several ranks")
-
-    def _unsupported(self, what: str) -> BackendError:
-        return BackendError(f"{what} is not supported by the {self.name} backend (target "
-                            f"{self.target}); allowed: {SHARED_FILE_TARGETS}")
-
-    def set_striping(self, prefix: str, stripe_size: int, stripe_count: int) -> dict[str, Any]:
-        """Set the stripe layout of the files made under `prefix` where the storage has one;
-        say what was applied, or why not (recorded in the run record)."""
-        del prefix, stripe_size, stripe_count
-        return {"applied": False, "reason": f"not available for the {self.name} backend"}
-
-    # --- caches ---
-    def drop_cache(self, keys: list[str]) -> str:
-        """Keep restores of `keys` from reading what this process's save left in a cache
-        (each process, for its own files); say how ('none' when nothing applies)."""
-        return "none"
-
-    def drop_host_caches(self) -> bool:
-        """Drop the whole host's caches where permitted (one process per host); say if it
-        worked. Only meaningful after drop_cache said 'fadvise'."""
-        return False
 
     # --- what is recorded ---
     def stats(self) -> dict[str, int]:

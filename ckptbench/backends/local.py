@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 from ckptbench.backends.base import (
     TARGET_MARKER,
     Backend,
-    Capabilities,
     Identity,
     ReadHandle,
     WriteHandle,
@@ -183,7 +182,6 @@ def _fsync_dir(path: Path) -> None:
 class LocalBackend(Backend):
     name = "local"
     Options: ClassVar[type[LocalOptions]] = LocalOptions
-    capabilities: ClassVar[Capabilities] = Capabilities(shared_file=True)
     options: LocalOptions
 
     def __init__(self, target: str, options: LocalOptions | None = None,

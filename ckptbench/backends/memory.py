@@ -75,7 +75,7 @@ class _Reader(ReadHandle):
 
 class MemoryBackend(Backend):
     name = "memory"
-    capabilities: ClassVar[Capabilities] = Capabilities(shared_file=True, multi_process=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(multi_process=False)
 
     def __init__(self, target: str, options: BackendOptions | None = None,
                  hints: IOHints | None = None) -> None:

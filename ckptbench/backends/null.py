@@ -42,7 +42,7 @@ class _Counter(WriteHandle):
 
 class NullBackend(Backend):
     name = "null"
-    capabilities: ClassVar[Capabilities] = Capabilities(shared_file=True, restore=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(restore=False)
 
     def __init__(self, target: str, options: BackendOptions | None = None,
                  hints: IOHints | None = None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ckptbench.cadence.classes import SCOPES, FailureClass, assign
 from ckptbench.errors import SpecError
@@ -61,9 +62,34 @@ DEFAULT_BY_SCOPE: dict[str, str] = {"process": "in-process", "node": "warm-spare
                                     "group": "replacement", "job": "replacement"}
 
 
-def with_overrides(part_texts: Sequence[str]) -> dict[str, Mechanism]:
-    """The mechanisms with parts overridden: ``MECHANISM.PART=DUR`` (bare number: s)."""
+# Mechanisms that start new processes: their `start` is what a run measures of it.
+RELAUNCHES = ("warm-spare", "replacement")
+
+
+def with_measured_start(startup: Mapping[str, Any], where: str) -> dict[str, Mechanism]:
+    """The mechanisms with the relaunches' `start` set to what a run measured (its
+    ``startup`` record, runner.startup): a fresh process's start and imports plus the
+    set-up of the run's ranks. What it leaves out is said in the source."""
+    imports, set_up = (startup.get(k) for k in ("process_start_and_imports_s",
+                                                "ranks_set_up_s"))
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < 1e6
+               for x in (imports, set_up)):
+        raise SpecError(f"--measured-start {where}: its startup record holds no measured "
+                        "start; allowed: a results file of `ckptbench run` that ran its ranks")
+    assert isinstance(imports, int | float) and isinstance(set_up, int | float)
     out = dict(MECHANISMS)
+    for name in RELAUNCHES:
+        out[name] = replace(out[name], start=float(imports + set_up), source=(
+            f"{out[name].source}; start measured by {where}: process start and imports "
+            f"{imports:.2f} s + {startup.get('ranks_set_up', 'the ranks set up')} "
+            f"{set_up:.3f} s (not included: {startup.get('not_measured', 'CUDA, NCCL')})"))
+    return out
+
+
+def with_overrides(part_texts: Sequence[str],
+                   base: Mapping[str, Mechanism] = MECHANISMS) -> dict[str, Mechanism]:
+    """The mechanisms with parts overridden: ``MECHANISM.PART=DUR`` (bare number: s)."""
+    out = dict(base)
     for text in part_texts:
         key, sep, value = text.partition("=")
         name, dot, part = key.strip().partition(".")

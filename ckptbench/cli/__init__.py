@@ -8,6 +8,7 @@ import click
 
 from ckptbench import __version__
 from ckptbench.errors import CkptbenchError
+from ckptbench.runner import startup
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,6 +50,7 @@ def _register() -> None:
                    backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)
+    startup.mark_imported()  # a fresh process's start and imports: part of a restart
 
 
 def main(argv: list[str] | None = None) -> int:

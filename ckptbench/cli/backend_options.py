@@ -19,6 +19,7 @@ import click
 from click.core import ParameterSource
 
 from ckptbench.backends import OTHER, Backend, BackendOptions, backend_class, registered
+from ckptbench.backends.base import capabilities_of
 from ckptbench.backends.options import OptionSpec
 
 
@@ -94,7 +95,7 @@ def _describe(scheme: str, cls: type[Backend]) -> dict[str, Any]:
         "scheme": "any other URL (fsspec)" if scheme == OTHER else
         ("a path or file://" if scheme == "file" else f"{scheme}://"),
         "backend": cls.name,
-        "capabilities": dataclasses.asdict(cls.capabilities),
+        "capabilities": capabilities_of(cls),
         "options": {flag: spec.help for flag, (_, spec) in cls.Options.cli_fields().items()},
         "about": ((sys.modules[cls.__module__].__doc__ or "").strip().splitlines() or [""])[0],
     }

@@ -18,6 +18,7 @@ from ckptbench.cli.plan_cmd import restore_layout_options
 from ckptbench.errors import SpecError
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
+from ckptbench.progress import current, shows_progress
 from ckptbench.report import plots
 from ckptbench.spec import Workload, load_workload, with_restore_layout
 from ckptbench.units import (
@@ -211,6 +212,7 @@ class CadenceArgs:
                    "target (ranks per node, bytes per rank, tiny files, too few samples; its "
                    "warnings are printed with the answer), and replace a file or link at --plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@shows_progress("cadence", "reading the results")
 def cadence_command(**flags: Any) -> None:
     """Optimal checkpoint interval (Young, Daly, exact) and the goodput it buys.
 
@@ -241,6 +243,7 @@ def cadence_command(**flags: Any) -> None:
 
     job = None
     if measured and (a.save_seconds is None or a.restore_seconds is None):
+        current().phase("modelling the job")
         job = _job_model(measured, plan, checkpoint_bytes, gpus, a.gpus_per_node, ceiling,
                          a.workload_path, restart, need_restore=a.restore_seconds is None,
                          force=a.force)
@@ -256,6 +259,7 @@ def cadence_command(**flags: Any) -> None:
                        a.interference, per_gpu)
     cost = cadence.CheckpointCost(split.save_s, restore_s, split.persist_s, split.interference)
 
+    current().phase("finding the interval")
     model = cadence.failure_model(
         mtbf_s=parse_duration(a.mtbf, "--mtbf", "h", allow_inf=True) if a.mtbf else None,
         preset=a.failure_preset,

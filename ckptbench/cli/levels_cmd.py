@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,91 +15,47 @@ import click
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
+from ckptbench.cadence.levels_job import LevelsJob, Restarts, describe, levels_job
+from ckptbench.cadence.levels_report import levels_figure
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
+from ckptbench.progress import current, shows_progress
+from ckptbench.records import read_records
 from ckptbench.report import levels_figures
+from ckptbench.report.tiers import measured_levels
 from ckptbench.simulate import Failures, simulate
-from ckptbench.units import format_duration, parse_duration, parse_fraction
+from ckptbench.units import format_duration
 
 
-def _level(text: str) -> tuple[ml.Level, str]:
-    """NAME:SAVE:RESTORE:SCOPE[:PERSIST[:INTERFERENCE]]."""
-    parts = text.split(":")
-    if not 4 <= len(parts) <= 6 or not parts[0].strip():
-        raise SpecError(f"--level {text!r}: allowed: NAME:SAVE:RESTORE:SCOPE[:PERSIST"
-                        f"[:INTERFERENCE]], e.g. memory:2s:20s:process or storage:3s:129s:job:"
-                        f"51s:10% (scope {'|'.join(fc.SCOPES)})")
-    name = parts[0].strip()
-    save = parse_duration(parts[1], f"--level {name} SAVE", "s")
-    restore = parse_duration(parts[2], f"--level {name} RESTORE", "s")
-    persist = parse_duration(parts[4], f"--level {name} PERSIST", "s") if len(parts) > 4 \
-        else 0.0
-    interference = parse_fraction(parts[5], f"--level {name} INTERFERENCE") \
-        if len(parts) > 5 else 0.0
-    return ml.Level(name, save, restore, persist, interference), parts[3].strip()
-
-
-def _schedule(text: str, levels: int) -> ml.Schedule:
-    """DUR[:V1,V2,...]: compute between checkpoints, and counts per level below the top."""
-    head, _, tail = text.partition(":")
-    compute = parse_duration(head, "--schedule", "min")
-    try:
-        counts = tuple(int(v) for v in tail.split(",")) if tail else ()
-    except ValueError:
-        raise SpecError(f"--schedule {text!r}: allowed: DUR[:V1,V2,...], e.g. 5min:6,4 "
-                        "(level-k checkpoints before each level-(k+1) one)") from None
-    if len(counts) != levels - 1:
-        raise SpecError(f"--schedule {text!r}: {len(counts)} counts given; allowed: one per "
-                        f"level below the top ({levels - 1})")
-    return ml.Schedule(compute, counts)
-
-
-@dataclass(frozen=True)
-class _Job:
-    """What both commands read from the command line: levels, classes, the schedule."""
-
-    levels: tuple[ml.Level, ...]  # restore_s: the copy's restore plus the restart
-    scopes: tuple[str, ...]
-    restart_s: tuple[float, ...]
-    alone: ml.Level  # the last level when it is the only one (every failure restarts to it)
-    mechanisms: dict[str, rs.Mechanism]
-    chosen: dict[str, str]  # scope -> mechanism
-    classes: tuple[fc.FailureClass, ...]
-    rates: list[float]
-    schedule: ml.Schedule | None
-    gpus: int
-    gpus_per_node: int
-
-
-def _job(options: dict[str, Any]) -> _Job:
+def _job(options: dict[str, Any]) -> LevelsJob:
     if options["plot"] is not None:  # before any work
         check_output_path(options["plot"], "--plot", ".png", options["force"])
-    parsed = [_level(t) for t in options["level_texts"]]
-    levels = tuple(lv for lv, _ in parsed)
-    scopes = tuple(s for _, s in parsed)
+    texts = options["level_texts"]
+    if options["tiers_results"] is not None:
+        if texts:
+            raise SpecError("--tiers-results and --level: allowed: one of them (the levels "
+                            "measured, or the levels given)")
+        texts = measured_levels(options["tiers_results"])
+    elif not texts:
+        raise SpecError("--level is required (NAME:SAVE:RESTORE:SCOPE, repeatable), or "
+                        "--tiers-results RUN.jsonl of a `ckptbench run --tiers`")
     classes = fc.classes_from(options["preset"], [fc.parse_class(t)
                                                   for t in options["class_texts"]])
-    gpus, per_node = options["gpus"], options["gpus_per_node"]
-    rates = fc.severity_rates(scopes, classes, gpus, per_node)
-    mechanisms = rs.with_overrides(options["part_texts"])
-    chosen = rs.by_scope(options["restart_texts"])
-    restart = rs.per_level(scopes, classes, gpus, per_node, mechanisms, chosen)
-    last = levels[-1]
-    alone = replace(last, restore_s=last.restore_s + rs.per_level(
-        scopes[-1:], classes, gpus, per_node, mechanisms, chosen)[0])
-    levels = tuple(replace(lv, restore_s=lv.restore_s + r)
-                   for lv, r in zip(levels, restart, strict=True))
-    text = options["schedule_text"]
-    return _Job(levels, scopes, tuple(restart), alone, mechanisms, chosen, classes, rates,
-                _schedule(text, len(levels)) if text else None, gpus, per_node)
+    measured = options["measured_start"]
+    mechanisms = rs.with_overrides(options["part_texts"], rs.MECHANISMS if measured is None
+                                   else rs.with_measured_start(_startup(measured), measured))
+    return levels_job(texts, classes, options["gpus"], options["gpus_per_node"],
+                      Restarts(mechanisms, rs.by_scope(options["restart_texts"])),
+                      options["schedule_text"])
 
 
-def _describe(o: ml.Optimum | ml.Schedule, levels: tuple[ml.Level, ...]) -> str:
-    schedule = o.schedule if isinstance(o, ml.Optimum) else o
-    text = f"a checkpoint every {format_duration(schedule.compute_s)} of compute"
-    steps = [f"{v} {lower.name} then 1 {upper.name}" for lower, upper, v in
-             zip(levels, levels[1:], schedule.counts, strict=False)]
-    return text + (": " + "; ".join(steps) if steps else f" ({levels[0].name})")
+def _startup(path: str) -> dict[str, Any]:
+    """The startup record of a run's results file (runner.startup)."""
+    found = next((r for r in read_records(path) if r.get("type") == "startup"), None)
+    if found is None:
+        raise SpecError(f"--measured-start {path}: no startup record; allowed: a results file "
+                        "of `ckptbench run` (this version or later)")
+    return found
 
 
 _EXAMPLE = ("--level memory:3s:30s:process --level peer:5s:90s:node \\\n"
@@ -117,7 +72,11 @@ def _epilog(command: str) -> str:
 def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options both commands take (declared once)."""
     for option in reversed([
-        click.option("--level", "level_texts", multiple=True, required=True,
+        click.option("--tiers-results", type=click.Path(dir_okay=False), default=None,
+                     metavar="RUN.jsonl",
+                     help="The levels as a `run --tiers` measured them (memory, peer, "
+                          "storage at the run's size), instead of --level."),
+        click.option("--level", "level_texts", multiple=True,
                      metavar="NAME:SAVE:RESTORE:SCOPE",
                      help="A checkpoint level, cheapest first: blocking save and restore time "
                           "(bare number: seconds) and the widest failure scope its copy survives"
@@ -141,6 +100,11 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           f"{', '.join(rs.MECHANISMS)} [default: "
                           + ", ".join(f"{k}={v}" for k, v in rs.DEFAULT_BY_SCOPE.items())
                           + "]. Repeatable."),
+        click.option("--measured-start", "measured_start", metavar="RESULTS.jsonl",
+                     help="Set the start part of the relaunches (warm-spare, replacement) to "
+                          "what a run measured: process start and imports plus its ranks' "
+                          "set-up (CUDA and NCCL initialisation not included); "
+                          "--restart-part still overrides it."),
         click.option("--restart-part", "part_texts", multiple=True, metavar="MECHANISM.PART=DUR",
                      help=f"A part of a restart mechanism ({', '.join(rs.PARTS)}), e.g. "
                           "warm-spare.reschedule=2min. Repeatable."),
@@ -154,7 +118,7 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _print_levels(job: _Job) -> None:
+def _print_levels(job: LevelsJob) -> None:
     for level, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
                                            strict=True):
         persist = "" if not level.persist_s else (
@@ -172,7 +136,7 @@ def _print_levels(job: _Job) -> None:
         click.echo(f"restart {name} ({scopes}): {format_duration(m.seconds)} = {parts}")
 
 
-def _restarts_json(job: _Job) -> dict[str, Any]:
+def _restarts_json(job: LevelsJob) -> dict[str, Any]:
     used = dict.fromkeys(job.chosen[c.scope] for c in job.classes)
     return {"restart_s_per_level": list(job.restart_s), "by_scope": job.chosen,
             "mechanisms": {n: {**job.mechanisms[n].parts(), "seconds": job.mechanisms[n].seconds,
@@ -181,6 +145,7 @@ def _restarts_json(job: _Job) -> dict[str, Any]:
 
 @click.command("levels", epilog=_epilog("levels"))
 @_job_options
+@shows_progress("levels", "finding the optimum")
 def levels_command(**options: Any) -> None:
     """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
     efficiency when cheap copies survive some failures and storage survives all."""
@@ -194,30 +159,18 @@ def levels_command(**options: Any) -> None:
         return
     _print_levels(job)
     best, alone = result.best, result.last_level_only
-    click.echo(f"optimum: {_describe(best, job.levels)} -> efficiency "
+    click.echo(f"optimum: {describe(best, job.levels)} -> efficiency "
                f"{100 * best.efficiency:.2f} %")
     if len(job.levels) > 1:
         click.echo(f"{job.levels[-1].name} alone: every {format_duration(alone.schedule.compute_s)}"
                    f" -> efficiency {100 * alone.efficiency:.2f} %")
     if result.named is not None:
-        click.echo(f"your schedule: {_describe(result.named, job.levels)} -> efficiency "
+        click.echo(f"your schedule: {describe(result.named, job.levels)} -> efficiency "
                    f"{100 * result.named.efficiency:.2f} %")
 
 
-def _plot_levels(path: Path, force: bool, job: _Job, result: ml.LevelsAnswer) -> None:
-    best = result.best
-    curves = ml.level_curves(job.levels, job.rates, best)
-    optimum, segments = {}, 1
-    for k, level in enumerate(job.levels):
-        optimum[level.name] = (best.schedule.compute_s * segments, best.efficiency)
-        if k < len(best.schedule.counts):
-            segments *= best.schedule.counts[k] + 1
-    alone = result.last_level_only
-    title = (f"{job.gpus} GPUs: {_describe(best, job.levels)}\n"
-             f"efficiency {100 * best.efficiency:.2f} % (stars: optimum)")
-    save_figure(levels_figures.interval_curves(
-        curves, optimum, (job.levels[-1].name, alone.schedule.compute_s, alone.efficiency)
-        if len(job.levels) > 1 else None, title), path, force)
+def _plot_levels(path: Path, force: bool, job: LevelsJob, result: ml.LevelsAnswer) -> None:
+    save_figure(levels_figure(job, result), path, force)
 
 
 NODE_LOSING_SCOPES = ("node", "group")
@@ -252,6 +205,7 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
                    "that find no spare restart on the nodes left and read a resharded restore "
                    "plan, FACTOR times as long as the level's own restore (the plan's "
                    "amplification: `ckptbench restore --restore-world-size` measures it).")
+@shows_progress("simulate", "finding the optimum")
 def simulate_command(**options: Any) -> None:
     """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
     goodput over replicas and the time lost by cause and by failure class."""
@@ -265,12 +219,13 @@ def simulate_command(**options: Any) -> None:
     # the copy's restore (the level's restore less its restart) takes FACTOR times as long
     extra = [(factor - 1.0) * (lv.restore_s - r) for lv, r in zip(job.levels, job.restart_s,
                                                                    strict=True)]
+    current().phase(f"simulating {options['replicas']} runs of {options['days']:g} days")
     run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
                    options["replicas"], options["seed"], options["weibull_shape"],
                    reshard_extra_s=extra)
     if options["plot"] is not None:
         title = (f"{run.replicas} runs of {options['days']:g} days, {job.gpus} GPUs\n"
-                 f"{_describe(schedule, job.levels)}")
+                 f"{describe(schedule, job.levels)}")
         save_figure(levels_figures.goodput_histogram(run.goodput, run.analytic, title),
                     options["plot"], options["force"])
     if options["as_json"]:
@@ -279,7 +234,7 @@ def simulate_command(**options: Any) -> None:
             **run.to_dict(), "restarts": _restarts_json(job)}, indent=2))
         return
     _print_levels(job)
-    click.echo(f"schedule: {_describe(schedule, job.levels)}")
+    click.echo(f"schedule: {describe(schedule, job.levels)}")
     click.echo(f"goodput over {run.replicas} runs of {options['days']:g} days: mean "
                f"{100 * run.mean:.2f} % (99 % CI +-{100 * run.ci99:.2f}), p5 "
                f"{100 * run.percentile(5):.2f} %, p95 {100 * run.percentile(95):.2f} %"

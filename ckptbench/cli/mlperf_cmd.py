@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ckptbench.cli.run_cmd import quiet_unless_root
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
-from ckptbench.measure import build_request, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.mlperf import GIB, Comparison, compare, facts, rules
 from ckptbench.records import read_records
 from ckptbench.report import summarize, throughput
@@ -97,7 +97,12 @@ def mlperf_command(workload: str, **_values: Any) -> None:
                             **request_options(opts))
         path = Path(opts["results"]) if opts["results"] else \
             Path("results") / f"{req.workload.name}-{req.options.run_id}-mlperf.jsonl"
-        if measure(req, path, launch) is not None:  # None: MPI ranks other than 0
+        with run_status(req, "mlperf", launch) as status:
+            outcome = measure(req, path, launch, on_progress=status, on_start=lambda:
+                              click.echo(f"mlperf: {req.workload.name}, {opts['iterations']} "
+                                         f"checkpoint(s) ({opts['sequence']}) -> "
+                                         f"{opts['target']}", err=True))
+        if outcome is not None:  # None: MPI ranks other than 0
             report(req, path, opts["scale"], opts["json"])
 
 

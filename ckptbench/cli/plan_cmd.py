@@ -14,6 +14,7 @@ from ckptbench.fields import parse_ranks
 from ckptbench.plan import Plan, build_plan
 from ckptbench.plan.export import iter_plan_json, iter_restore_json, restore_summary, summary
 from ckptbench.plan.restore import build_restore_plan
+from ckptbench.progress import current, shows_progress
 from ckptbench.spec import (
     load_workload,
     scaled,
@@ -74,6 +75,7 @@ def plan_rows(plan_summary: dict[str, Any], full_bytes: int | None, scale: int) 
 @click.option("--restore", "restore", is_flag=True,
               help="What each rank of the restore layout reads (ckptbench.restoreplan/1 with --json).")
 @restore_layout_options
+@shows_progress("plan", "building the plan")
 def plan_command(workload: str, as_json: bool, ranks: str | None, scale: int, restore: bool,
                  restore_world_size: int | None, restore_layout: str | None) -> None:
     """Print what each rank writes for WORKLOAD (a TOML workload file); with --restore,
@@ -84,6 +86,7 @@ def plan_command(workload: str, as_json: bool, ranks: str | None, scale: int, re
         _print_restore(plan, as_json, ranks)
         return
     selected = parse_ranks(ranks, plan.world_size) if ranks else None
+    current().phase("writing the plan")
     if as_json:
         out = sys.stdout
         for piece in iter_plan_json(plan, selected):
@@ -104,7 +107,9 @@ def plan_command(workload: str, as_json: bool, ranks: str | None, scale: int, re
 
 
 def _print_restore(plan: Plan, as_json: bool, ranks: str | None) -> None:
+    current().phase("building the restore plan")
     rplan = build_restore_plan(plan)
+    current().phase("writing the restore plan")
     selected = parse_ranks(ranks, rplan.world_size) if ranks else None
     if as_json:
         sys.stdout.writelines(iter_restore_json(rplan, selected))

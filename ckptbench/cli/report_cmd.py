@@ -10,10 +10,13 @@ import click
 
 from ckptbench.cadence.failures import FAILURE_PRESETS
 from ckptbench.cadence.job import JobAnswer, job_answers, job_grid
+from ckptbench.cadence.levels_report import TierCadence, tier_cadences
 from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
+from ckptbench.progress import current, shows_progress
 from ckptbench.report import load, table
+from ckptbench.report.tiers_table import render_tiers, tier_grids
 
 
 @click.command("report")
@@ -33,6 +36,7 @@ from ckptbench.report import load, table
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="With --failure-preset: the job's GPUs [default: the workload's world_size].")
 @width_options
+@shows_progress("report", "reading the results")
 def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
                    plots_dir: str | None, force: bool, failure_preset: str | None,
                    gpus: int | None, wide: bool, width: int | None) -> None:
@@ -62,7 +66,9 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
                 figures.output_dir(where, option)  # refused before minutes of drawing
         for png in figures.plot_paths(runs, plots_dir) if plots_dir else ():
             check_output_path(png, "--plots", ".png", force, inputs)
+    current().phase("modelling the job" if failure_preset else "printing the summary")
     answers = job_answers(list(results), failure_preset, gpus) if failure_preset else None
+    cadences = tier_cadences(loaded, failure_preset, gpus) if failure_preset else []
     closed = None
     try:
         if as_json:
@@ -70,17 +76,28 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
         elif not page_out:
             w = table.output_width(wide, width)
             console = table.console_for(w)
-            table.render_summary(console, loaded, w)
-            if answers is not None:
-                table.render(console, job_grid(answers), w)
+            _print_tables(console, loaded, (answers, cadences), w)
     except table.ClosedOutput as exc:  # the page and the plots are still written
         closed = exc
     except BrokenPipeError:
         closed = table.closed_stdout("the JSON")
     if draw:
-        _draw(runs, html_path, plots_dir, force, answers)
+        _draw(runs, html_path, plots_dir, force, (answers, cadences))
     if closed is not None:
         raise closed
+
+
+def _print_tables(console: Any, loaded: list[dict[str, Any]],
+                  job: tuple[list[JobAnswer | str] | None, list[TierCadence]],
+                  width: int | None) -> None:
+    """The summary, the tiers and their cadence, and what the job will see."""
+    answers, cadences = job
+    table.render_summary(console, loaded, width)
+    render_tiers(console, loaded, width)
+    for cadence in cadences:
+        table.render(console, cadence.grid, width)
+    if answers is not None:
+        table.render(console, job_grid(answers), width)
 
 
 def _json(loaded: list[dict[str, Any]], answers: list[JobAnswer | str] | None) -> list[Any]:
@@ -91,14 +108,21 @@ def _json(loaded: list[dict[str, Any]], answers: list[JobAnswer | str] | None) -
 
 
 def _draw(runs: Any, html_path: str | None, plots_dir: str | None, force: bool,
-          answers: list[JobAnswer | str] | None) -> None:
+          job: tuple[list[JobAnswer | str] | None, list[TierCadence]]) -> None:
     """--html (a file created exclusively, or - for standard output) and --plots: the
     figures drawn once."""
     from ckptbench.report import figures, html
 
+    current().phase("drawing the figures")
     drawn = figures.draw(runs)
     if html_path:
-        page = html.render_html(drawn, job_grid(answers) if answers is not None else None)
+        current().phase("writing the page")
+        answers, cadences = job
+        tiers = [grid for run in runs for grid in tier_grids(run.view)]
+        tiers += [c.grid for c in cadences]
+        page = html.render_html(drawn, job_grid(answers) if answers is not None else None,
+                                (tiers, [c.picture(f"levels-{i}")
+                                         for i, c in enumerate(cadences, 1)]))
         if html_path == "-":
             table.write_stdout(page.encode("utf-8"), "the page (--html -)")
         else:

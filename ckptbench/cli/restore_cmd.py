@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.run_cmd import quiet_unless_root, stopped_as
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
-from ckptbench.measure import bytes_to_move, measure, restore_request
+from ckptbench.measure import measure, restore_request, run_status
+from ckptbench.redact import redact
 from ckptbench.report import table
 from ckptbench.runner import Launcher, RunRequest, open_launcher
 from ckptbench.runner.kept import split_checkpoint
-from ckptbench.runner.signals import stop_on_signals
+from ckptbench.runner.scheduler import job_text
+from ckptbench.runner.signals import say_on_signal, stop_on_signals
 
 
 @click.command("restore", cls=GroupedCommand)
@@ -33,7 +33,10 @@ def restore_command(checkpoint: str, **_values: Any) -> None:
     root, _ = split_checkpoint(checkpoint)
     backend = options_for_target(root, typed_backend_flags(ctx))
     launch = open_launcher(opts["launcher"])
-    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local restores stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks end at once (runner.signals).
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: f"stopped by {name}{job_text()}; the restore only read "
+                                   f"{redact(checkpoint)}: nothing to clean up")
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         req = restore_request(checkpoint, opts, backend)
         path = Path(opts["results"]) if opts["results"] else \
@@ -43,14 +46,11 @@ def restore_command(checkpoint: str, **_values: Any) -> None:
 
 def _measure(launch: Launcher, req: RunRequest, path: Path, checkpoint: str,
              as_json: bool) -> None:
-    console = Console(stderr=True, quiet=not launch.root)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                  TransferSpeedColumn(), console=console, transient=True,
-                  disable=not launch.root) as progress:
-        task = progress.add_task("restore", total=bytes_to_move(req))
-        with stopped_as(f"the restore of {checkpoint}", path):
-            outcome = measure(req, path, launch, on_progress=lambda n: progress.advance(task, n),
-                              on_start=lambda: click.echo(f"restoring {checkpoint}"))
+    with run_status(req, "restore", launch) as status, \
+            stopped_as(f"the restore of {checkpoint}", path):
+        outcome = measure(req, path, launch, on_progress=status,
+                          on_start=None if as_json else  # --json: the JSON alone on stdout
+                          lambda: click.echo(f"restoring {checkpoint}"))
     if outcome is None:
         return
     if as_json:

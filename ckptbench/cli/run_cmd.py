@@ -9,26 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from ckptbench.backends import BackendOptions, backend_class
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import CkptbenchError, SpecError
-from ckptbench.measure import build_request, bytes_to_move, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.records import environment
+from ckptbench.redact import redact
 from ckptbench.replay import Recorded, differences, overridden, read_recorded
 from ckptbench.report import table
+from ckptbench.report.tiers_table import render_tiers
 from ckptbench.runner import Launcher, RunRequest, open_launcher
-from ckptbench.runner.signals import exit_status, signal_name, stop_on_signals
+from ckptbench.runner.scheduler import job_text
+from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
 from ckptbench.runspec import read_benchmark_file, request_options
 from ckptbench.spec import Workload
 
@@ -111,12 +105,22 @@ def run_command(workload: str | None, replay: str | None, **_values: Any) -> Non
         source = str(bench.workload)
         backend = options_for_target(run["target"], flags)  # refused before anything runs
     launch = open_launcher(run["launcher"])
-    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C; MPI ranks leave that to mpirun/srun.
+    # Local runs stop on SIGTERM/SIGHUP as on Ctrl-C and clean up; MPI ranks end at once
+    # (runner.signals), MPI rank 0 with one line.
+    if launch.kind != "local" and launch.root:
+        say_on_signal(lambda name: stopped_line(name, run["target"]))
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
         req = build_request(source, backend_options=backend, **request_options(run))
         if recorded is not None and launch.root:
             _say_differences(recorded, req, run)
         _run(launch, req, run)
+
+
+def stopped_line(signal: str, target: str) -> str:
+    """What MPI rank 0 says when a signal ends the run (scancel, a time limit, Ctrl-C to
+    mpirun): by whom, and what stays on the target."""
+    return (f"stopped by {signal}{job_text()}; what the run wrote stays on {redact(target)} with its "
+            "intent record: the next run there reports it, --clean-debris removes it")
 
 
 def replayed_backend_options(recorded: Recorded, target: str, flags: dict[str, Any]
@@ -141,13 +145,12 @@ def _say_differences(recorded: Recorded, req: RunRequest, run: dict[str, Any]) -
 
 
 def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
-    """Measure `req` with a progress bar; print the summary (a table, or JSON)."""
+    """Measure `req` with its progress on stderr; print the summary (a table, or JSON)."""
     full, plan, options = req.workload, req.plan, req.options
     target = run["target"]
     results_path = Path(run["results"]) if run["results"] else \
         Path("results") / f"{full.name}-{options.run_id}.jsonl"
     per_iter = plan.bytes_of_ranks(req.ranks)
-    console = Console(stderr=True, quiet=not launch.root)
     width = table.output_width(run["wide"], run["width"])
 
     def banner() -> None:
@@ -156,26 +159,22 @@ def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
                    f"iteration(s) -> {target}"
                    + ("" if options.verify else " (restores NOT verified: --no-verify)"),
                    err=True)  # stdout: the results alone
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                  transient=True, disable=not launch.root) as progress:
-        task = progress.add_task("save+restore" if options.restore else "save",
-                                 total=bytes_to_move(req))
+    with run_status(req, "run", launch) as status:
         done = "kept what it finished" if options.keep else "removed what it wrote"
         with stopped_as(f"the run {done} on {target}", results_path):
-            outcome = measure(req, results_path, launch,
-                              on_progress=lambda n: progress.advance(task, n), on_start=banner,
-                              on_notice=lambda line: console.print(
-                                  f"ckptbench: note: {line}", markup=False, highlight=False,
-                                  soft_wrap=True))
+            outcome = measure(req, results_path, launch, on_progress=status,
+                              on_start=banner, on_notice=lambda line: status.note(
+                                  f"ckptbench: note: {line}"))
     if outcome is None:  # MPI ranks other than 0 print nothing
         return
     if run["json"]:
-        extra = {"async": outcome["async"]} if outcome.get("async") else {}
+        extra = {k: outcome[k] for k in ("async", "tiers") if outcome.get(k)}
         click.echo(json.dumps({"results": str(results_path), "summary": outcome["summary"],
                                **extra}, indent=2))
     else:
-        table.render_summary(table.console_for(width, plain=launch.kind == "mpi"), [outcome], width)
+        console = table.console_for(width, plain=launch.kind == "mpi")
+        table.render_summary(console, [outcome], width)
+        render_tiers(console, [outcome], width)
         click.echo(f"results: {results_path}")
 
 

@@ -23,7 +23,7 @@ from ckptbench.cli.backend_options import backend_options, options_for_target, t
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import SpecError
-from ckptbench.measure import build_request, measure
+from ckptbench.measure import build_request, measure, run_status
 from ckptbench.report import plots, throughput
 from ckptbench.runner import new_run_id
 from ckptbench.runspec import read_benchmark_file, request_options
@@ -128,7 +128,8 @@ def sweep_command(workload: str, counts: str, out: Path | None, plot_path: Path 
                             **request_options(opts))
         click.echo(f"{full.name}: {k} rank(s) per node, {opts['iterations']} iteration(s) -> "
                    f"{out / name}", err=True)
-        measure(req, out / name)
+        with run_status(req, f"sweep, {k} rank(s) per node") as status:
+            measure(req, out / name, on_progress=status)
         measured.append(jobmodel.read_results(out / name, "sweep"))
         points.append(jobmodel.SweepPoint.of(measured[-1], name))
     scale = opts["scale"]

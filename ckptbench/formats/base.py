@@ -11,8 +11,9 @@ Contract of every format (the :class:`Format` protocol):
 * ``save(jobs)``: make the first payload ready, call ``group.barrier()`` (the clock starts
   there for every process), write every job durably, return per-thread results (timed ops,
   each chunk's digest, the first error);
-* ``restore(jobs, manifest_key)``: ``group.barrier()``, read the manifest (timed: it is the
-  restore's first step), read every job back and check each chunk against its digest;
+* ``restore(jobs, manifest_key, planned)``: ``group.barrier()``, read the manifest (timed:
+  it is the restore's first step), read every job back and check each chunk against its
+  digest; `planned` (a restore by the plan's restore layout): the jobs are ranged reads;
 * ``cache_keys(jobs)``: the backend keys this process wrote (evicted before a restore);
 * ``written_names(plan, groups, options)`` (a classmethod): the names, relative to a
   checkpoint directory, of everything all the run's processes write in one checkpoint;
@@ -26,6 +27,7 @@ checkpoints, ``ckptbench.runner.staging``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -34,13 +36,11 @@ import numpy as np
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
-from ckptbench.formats.manifest import check_size, read_manifest_bytes
-from ckptbench.formats.verify import parse_manifest
+from ckptbench.formats.manifest import Manifest, read_manifest_bytes
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
 
-MANIFEST_SCHEMA = "ckptbench.manifest/1"
 now = time.perf_counter_ns
 
 
@@ -177,21 +177,74 @@ class GeneratedPayload:
         return None
 
 
+@dataclass(frozen=True)
+class PlannedRestore:
+    """A restore by the plan's restore layout (DCP's load planner), as one process runs
+    it: the restore ranks it hosts (jobs' ``reads`` say which saved chunks each reads) and
+    the manifest entries (digests) of files written as fill-ins, which the checkpoint's
+    manifest does not list."""
+
+    ranks: list[int]
+    fill_ins: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Restored:
+    """What a restore did: per-thread results; `manifest`, the one timed manifest read of
+    a restore of whole files (a planned restore times each rank's read as an op)."""
+
+    results: list[ThreadResult]
+    manifest: tuple[int, int] | None = None
+
+
+Progress = Callable[[int], None]
+
+
 class Format(Protocol):
-    """What the runner asks of a format (see the module docstring)."""
+    """What the runner asks of a format (see the module docstring): everything the runner
+    calls is declared here, nothing is probed."""
 
     name: ClassVar[str]
+    # progress(n) is called as bytes move (each block or chunk): the runner can watch for
+    # stalls; False when a format only learns of its bytes once a whole phase is done
+    streams_progress: ClassVar[bool]
+    # the bytes move through a library's own storage layer (DCP's writer and reader), not
+    # the backend's handles: the backend serves the target's control requests only
+    own_storage: ClassVar[bool]
+    gen: PayloadGenerator  # the deterministic payload (what a restore checks against)
+    source: PayloadSource  # where the save's bytes come from (a snapshot in async mode)
+    progress: Progress  # called as bytes move (the fill-ins' save swaps in a quiet one)
+
+    def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
+                 options: FormatOptions, progress: Progress | None = None) -> None: ...
 
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]: ...
 
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]: ...
+    def restore(self, jobs: list[FileJob], manifest_key: str,
+                planned: PlannedRestore | None = None) -> Restored:
+        """``group.barrier()``, read the manifest, read every job back and check each chunk
+        against its digest; `planned`: the jobs are a restore plan's ranged reads."""
+        ...
 
     def cache_keys(self, jobs: list[FileJob]) -> list[str]: ...
 
     @classmethod
     def written_names(cls, plan: Plan, groups: list[list[int]],
                       options: FormatOptions) -> list[str]: ...
+
+    @classmethod
+    def memory_bytes(cls, plan: Plan, ranks: list[int], options: FormatOptions,
+                     alignment: int) -> int: ...
+
+    @classmethod
+    def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None: ...
+
+    @classmethod
+    def check_restore(cls, plan: Plan, groups: list[list[int]], shift: int) -> None: ...
+
+
+def _no_progress(n: int) -> None:
+    del n
 
 
 def round_up(n: int, a: int) -> int:
@@ -224,24 +277,22 @@ class Sizing:
 
 class FormatBase:
     """What every format derives from the same inputs: the payload generator, the block
-    size rounded to the backend's alignment, threads and prefill per process."""
+    size rounded to the backend's alignment, threads and prefill per process; and the
+    restore entry point, which hands a planned restore to :meth:`restore_planned` and a
+    restore of whole files to :meth:`restore_files`."""
 
     name: ClassVar[str] = "?"
-    # progress(n) is called as bytes move (each block or chunk): the runner can watch for
-    # stalls; False when a format only learns of its bytes once a whole phase is done
-    streams_progress: ClassVar[bool] = True
-    # the bytes move through a library's own storage layer (DCP's writer and reader), not
-    # the backend's handles: the backend serves the target's control requests only
+    streams_progress: ClassVar[bool] = True  # Format says what these mean
     own_storage: ClassVar[bool] = False
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
-                 options: FormatOptions, progress: Any = None) -> None:
+                 options: FormatOptions, progress: Progress | None = None) -> None:
         self.plan = plan
         self.ranks = ranks
         self.backend = backend
         self.group = group
         self.o = options
-        self.progress = progress or (lambda n: None)
+        self.progress: Progress = progress or _no_progress
         self.gen = PayloadGenerator(options.payload, options.seed)
         self.source: PayloadSource = GeneratedPayload(self.gen)  # replaced for snapshots
         size = Sizing.of(options, len(ranks), backend.alignment)
@@ -274,6 +325,26 @@ class FormatBase:
         layout) that the processes running plan ranks `groups` cannot run. By default any."""
         del plan, groups, shift
 
+    def restore(self, jobs: list[FileJob], manifest_key: str,
+                planned: PlannedRestore | None = None) -> Restored:
+        if planned is None:
+            results, span = self.restore_files(jobs, manifest_key)
+            return Restored(results, span)
+        return Restored(self.restore_planned(jobs, manifest_key, planned))
+
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
+        """Read whole files back and verify them; the manifest read's clock readings."""
+        raise NotImplementedError(f"--format {self.name}: no restore")
+
+    def restore_planned(self, jobs: list[FileJob], manifest_key: str,
+                        planned: PlannedRestore) -> list[ThreadResult]:
+        """Read a restore plan's ranged reads and verify them (each restore rank's
+        manifest read an op of its own). By default refused in one line."""
+        del jobs, manifest_key, planned
+        raise SpecError(f"--format {self.name} cannot restore by a restore plan; allowed: "
+                        "--restore-plan files")
+
     def cache_keys(self, jobs: list[FileJob]) -> list[str]:
         """Backend keys this process wrote for `jobs` (evicted from caches before restore)."""
         return [j.key for j in jobs]
@@ -295,7 +366,7 @@ class FormatBase:
         return sorted({plan.file_paths[f] for r in ranks for f in plan.files_of_rank(r)})
 
     def read_manifest(self, manifest_key: str, jobs: list[FileJob]
-                      ) -> tuple[dict[str, Any], tuple[int, int]]:
+                      ) -> tuple[Manifest, tuple[int, int]]:
         """Read the commit manifest, timed (it is the restore's first step), and check it
         covers `jobs` and was written in this format; refuse an uncommitted checkpoint or
         a manifest that does not hold what the restore needs (one line naming it)."""
@@ -307,11 +378,10 @@ class FormatBase:
                 f"{manifest_key}: no manifest; the checkpoint is incomplete and is not restored"
             ) from None
         t1 = now()
-        manifest = parse_manifest(manifest_key, head, jobs, self._chunks_in_file)
-        check_size(manifest_key, manifest, size)
-        written = manifest.get("format", "raw")
-        if written != self.name:
-            raise VerificationError(f"{manifest_key}: written as {written!r}, not {self.name!r}")
+        manifest = Manifest.decode(head, manifest_key, size)
+        manifest.covers(jobs, self._chunks_in_file)
+        manifest.check_size()
+        manifest.written_as(self.name)
         return manifest, (t0, t1)
 
 
@@ -330,32 +400,3 @@ def file_jobs(plan: Plan, ranks: list[int], checkpoint: str, iteration: int, see
                                 stream_key(seed, f, iteration), int(layout.base[f]),
                                 layout.shared_size.get(path, 0)))
     return jobs
-
-
-def manifest_files(plan: Plan, checkpoint: str, digests: dict[int, list[int]],
-                   layout: RegionLayout | None = None) -> dict[str, Any]:
-    """The manifest's "files": one entry per file, or per rank's region of a shared file
-    (named key#rank, with the path, the offset and the whole file's size)."""
-    layout = layout or plan_layout(plan)
-    names = [k.name for k in plan.keys]
-    out: dict[str, Any] = {}
-    for f, d in sorted(digests.items()):
-        path, rank = plan.file_paths[f], int(plan.file_rank[f])
-        key = f"{checkpoint}/{path}"
-        span = plan.chunks_of_file(f)
-        nbytes = plan.chunk_nbytes[span.start:span.stop]
-        kept = nbytes > 0  # the file's non-empty chunks, from the plan's columns at once
-        entry: dict[str, Any] = {
-            "rank": rank,
-            "size": int(plan.file_bytes[f]),
-            "chunks": [[names[k], o, n] for k, o, n in zip(
-                plan.chunk_key[span.start:span.stop][kept].tolist(),
-                plan.chunk_file_offset[span.start:span.stop][kept].tolist(),
-                nbytes[kept].tolist(), strict=True)],
-            "digests": d,
-        }
-        if layout.is_shared(path):
-            entry.update(path=key, offset=int(layout.base[f]), file_size=layout.shared_size[path])
-            key = f"{key}#{rank}"
-        out[key] = entry
-    return out

@@ -1,239 +1,277 @@
-"""The commit manifest on storage: one JSON line, then padding up to the size DCP's
-``.metadata`` would have for the whole plan.
+"""A checkpoint's commit manifest: one type that owns its schema, its encoding, the checks
+a restore makes before it trusts it, and the acceptance of a kept checkpoint.
 
-A restoring DCP rank reads the checkpoint's ``.metadata`` (a pickle indexing every chunk
-of the full job) before any chunk; a subset or scaled run's manifest would be tens of KB.
-So the manifest carries its JSON (what ckptbench needs: digests, the workload) on the
-first line and pseudo-random padding after it, and records its total size so a truncated
-one is caught. Readers stream it in blocks (a 405B job's metadata is hundreds of MB).
+The runner commits it last (atomically), so a checkpoint without one is incomplete. It
+holds what a restore verifies against (each file's chunks and digests, the metadata
+objects' digests) and what ``ckptbench restore`` needs to run a checkpoint again (the
+workload, the ranks that wrote, payload and seed). Its bytes on storage, a JSON line and
+padding, are ``manifest_encoding``'s.
+
+A damaged manifest fails the restore with one line naming the manifest and what is
+wrong, never a KeyError from deep inside a format.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import CkptbenchError, VerificationError
-from ckptbench.formats.pipeline import aligned_buffer
-from ckptbench.payload import PayloadGenerator, Region
+from ckptbench.fields import shown
+from ckptbench.formats.manifest_encoding import (
+    READ_BLOCK,
+    CommitTimes,
+    ManifestWriter,
+    encode_manifest,
+    encode_members,
+    manifest_bytes,
+    read_manifest_bytes,
+)
+from ckptbench.payload import MODES as PAYLOAD_MODES
+from ckptbench.payload import digest
 from ckptbench.plan import Plan
-from ckptbench.plan.metadata import dcp_metadata_bytes
+from ckptbench.plan.files import RegionLayout, plan_layout
 
-READ_BLOCK = 8 << 20
-# What a reader reads of a manifest at most: its JSON line is held in memory and parsed,
-# the padding only streamed (DCP's .metadata of the largest plans is hundreds of MB). A
-# device, a runaway file or an altered manifest ends here, in one line.
-MAX_MANIFEST_BYTES = 16 << 30
-MAX_MANIFEST_JSON_BYTES = 2 << 30
+if TYPE_CHECKING:
+    from ckptbench.formats.base import FileJob
 
-
-def _pieces(manifest: dict[str, Any], size: int, files: list[bytes] | None = None
-            ) -> list[bytes]:
-    """The manifest's JSON line (newline included) in pieces, with ``size`` last: the
-    total, at least `size` bytes; one ``json.dumps`` whatever the size's digits. `files`:
-    "files" already encoded, as JSON members (``"key": {...}``) in pieces (each
-    process's), kept apart so that they are copied once, into the writer's buffer."""
-    head = json.dumps({k: v for k, v in manifest.items() if k != "size"}).encode()
-    out = [b"{", head[1:-1]] if len(head) > 2 else [b"{"]
-    if files is not None:
-        members = [f for f in files if f]
-        out += [b", " if len(out) > 1 else b"", b'"files": {']
-        for i, f in enumerate(members):
-            out += [b", ", f] if i else [f]
-        out.append(b"}")
-    out.append(b', "size": ' if len(out) > 1 else b'"size": ')
-    lead = sum(len(x) for x in out)
-    total = 0
-    for _ in range(3):  # the total's digits change the line's length at most twice
-        want = max(size, lead + len(str(total)) + 2)
-        if want == total:
-            break
-        total = want
-    return [*out, str(total).encode(), b"}\n"]
+__all__ = ["READ_BLOCK", "CommitTimes", "Manifest", "ManifestWriter", "encode_members",
+           "manifest_bytes", "manifest_files", "read_manifest_bytes"]
 
 
-def _body(manifest: dict[str, Any], size: int, files: list[bytes] | None = None) -> bytes:
-    """The manifest's JSON (:func:`_pieces`, joined, without the newline)."""
-    return b"".join(_pieces(manifest, size, files))[:-1]
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
-def encode_members(members: dict[str, Any]) -> bytes:
-    """An object's members as JSON without the braces (a piece of :func:`_body`'s files)."""
-    return json.dumps(members).encode()[1:-1]
+def _an_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
-    """The manifest's bytes: JSON, a newline, padding; at least `size` bytes in all. The
-    JSON's ``size`` field is the total."""
-    body = _body(manifest, size)
-    return body + b"\n" + _padding(len(body) + 1, max(size, len(body) + 1))
+def _is_int(value: Any, minimum: int = 0) -> bool:
+    return _an_int(value) and bool(value >= minimum)
 
 
-def _padding(start: int, end: int) -> bytes:
-    pad = np.zeros(end - start, dtype=np.uint8)
-    _fill(pad, start)
-    return pad.tobytes()
+# The fields `ckptbench restore` uses of a kept checkpoint: (field, check, what is allowed).
+_KEPT_FIELDS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("files", lambda v: isinstance(v, dict), "an object of file entries"),
+    ("ranks", lambda v: isinstance(v, list) and bool(v) and all(_is_int(r) for r in v),
+     "a non-empty list of the ranks that wrote (integers >= 0)"),
+    ("payload", lambda v: v in PAYLOAD_MODES, ", ".join(PAYLOAD_MODES)),
+    ("seed", _is_int, "an integer >= 0"),
+    ("iteration", lambda v: _is_int(v, 1), "an integer >= 1"),
+]
 
 
-def manifest_bytes(plan: Plan, fmt: str) -> int:
-    """The size a run's manifests are padded to: DCP's ``.metadata`` for the whole plan,
-    whatever part of it ran (the raw format; other formats write their own metadata)."""
-    return dcp_metadata_bytes(plan) if fmt == "raw" else 0
+class Manifest(Mapping[str, Any]):
+    """The decoded manifest stored at `key` (its JSON fields, read-only), with the size it
+    has on storage when it was read from there."""
+
+    SCHEMA: ClassVar[str] = "ckptbench.manifest/1"
+
+    def __init__(self, key: str, fields: dict[str, Any], stored: int | None = None) -> None:
+        self.key = key
+        self.fields = fields
+        self.stored = stored
+
+    # --- a read-only mapping of its fields ---
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    @property
+    def files(self) -> dict[str, Any]:
+        files: dict[str, Any] = self.fields["files"]
+        return files
+
+    @property
+    def format(self) -> str:
+        """The format it was written in (manifests before formats: raw)."""
+        return str(self.fields.get("format", "raw"))
+
+    # --- encoding ---
+    @classmethod
+    def decode(cls, data: bytes, key: str = "manifest", stored: int | None = None) -> Manifest:
+        """The manifest in `data` (its first line; the rest is padding): VerificationError,
+        one line, when that is not a JSON object."""
+        where = f"manifest {key}"
+        try:
+            fields = json.loads(data.split(b"\n", 1)[0])
+        except UnicodeDecodeError:
+            raise VerificationError(f"{where}: not UTF-8 text (a damaged manifest); the "
+                                    "checkpoint cannot be verified") from None
+        except (ValueError, RecursionError) as exc:
+            raise VerificationError(f"{where}: not JSON ({_one_line(str(exc))}); the checkpoint "
+                                    "cannot be verified") from None
+        if not isinstance(fields, dict):
+            raise VerificationError(f"{where}: a JSON {type(fields).__name__}, not an object "
+                                    "with 'files'; the checkpoint cannot be verified")
+        return cls(key, fields, stored)
+
+    def encode(self, size: int) -> bytes:
+        """Its bytes: the JSON line, then padding; at least `size` bytes in all (the JSON's
+        ``size`` field says the total)."""
+        return encode_manifest(self.fields, size)
+
+    # --- read from storage (a restore reads its bytes itself: manifest_encoding) ---
+    @classmethod
+    def load(cls, backend: Backend, key: str, block: int = READ_BLOCK) -> Manifest:
+        """The manifest at `key` for a caller that must first know it is ckptbench's
+        (`ckptbench restore`): FileNotFoundError when absent; CkptbenchError when it is
+        not a ckptbench manifest; VerificationError when it is not all there."""
+        head, size = read_manifest_bytes(backend, key, block)
+        try:
+            fields = json.loads(head)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise CkptbenchError(f"{key}: not a ckptbench manifest (its first line is not "
+                                 "JSON); the checkpoint is not restored") from None
+        if not isinstance(fields, dict):
+            raise CkptbenchError(f"{key}: not a ckptbench manifest; the checkpoint is not "
+                                 "restored")
+        manifest = cls(key, fields, size)
+        manifest.check_size()
+        return manifest
+
+    # --- checks before a restore trusts it ---
+    def check_size(self) -> None:
+        """VerificationError when it is not the size it was written at."""
+        expected, key = self.fields.get("size"), self.key
+        if self.stored is None or (expected is None and "size" not in self.fields):
+            return  # no size recorded: nothing to compare
+        if not _an_int(expected):
+            raise VerificationError(f"{key}: its size field is {expected!r:.40}, not the number "
+                                    "of bytes written (an altered manifest); the checkpoint is "
+                                    "not restored")
+        if expected and expected != self.stored:
+            raise VerificationError(f"{key}: manifest is {self.stored} bytes, {expected} were "
+                                    "written (truncated or altered); the checkpoint is not "
+                                    "restored")
+
+    def covers(self, jobs: Iterable[FileJob],
+               chunks_of: Callable[[FileJob], int] | None = None) -> None:
+        """VerificationError unless it holds what a restore of `jobs` reads: a 'files'
+        object with, for every job, an entry with one integer digest per chunk of its file
+        (`chunks_of`; by default the job's regions) listing each chunk the job reads;
+        'objects' (metadata digests), when present, maps names to integers."""
+        where = f"manifest {self.key}"
+        files = self.fields.get("files")
+        if not isinstance(files, dict):
+            raise VerificationError(f"{where}: no 'files' object; the checkpoint cannot be "
+                                    "verified")
+        for job in jobs:
+            entry = files.get(job.name)
+            if entry is None:
+                raise VerificationError(f"{job.name}: missing from the manifest {self.key}")
+            digests = entry.get("digests") if isinstance(entry, dict) else None
+            if not isinstance(digests, list) or not all(_an_int(d) for d in digests):
+                raise VerificationError(f"{where}: the entry of {job.name} has no 'digests' "
+                                        "list of integers; the checkpoint cannot be verified")
+            want = chunks_of(job) if chunks_of is not None else len(job.regions)
+            if len(digests) != want:
+                raise VerificationError(f"{where}: the entry of {job.name} has {len(digests)} "
+                                        f"chunk digests where the plan has {want} chunks")
+            uncovered = _uncovered(entry.get("chunks"), job)
+            if uncovered:
+                raise VerificationError(f"{where}: the entry of {job.name} does not list "
+                                        f"{uncovered}, which the restore reads; the checkpoint "
+                                        "cannot be verified")
+        objects = self.fields.get("objects", {})
+        if not isinstance(objects, dict) or not all(
+                _an_int(d) for d in objects.values()):
+            raise VerificationError(f"{where}: 'objects' is not an object of integer digests")
+
+    def written_as(self, fmt: str) -> None:
+        """VerificationError unless it was written in format `fmt`."""
+        if self.format != fmt:
+            raise VerificationError(f"{self.key}: written as {self.format!r}, not {fmt!r}")
+
+    def check_object(self, name: str, key: str, data: bytes | np.ndarray | None) -> None:
+        """Refuse metadata object `name` (stored at `key`) unless it is there and its bytes
+        are those whose digest it recorded."""
+        want = self.fields.get("objects", {}).get(name)
+        if want is None:
+            raise VerificationError(f"manifest {self.key}: no digest for the metadata object "
+                                    f"{name}; the checkpoint cannot be verified")
+        if data is None:
+            raise VerificationError(f"metadata object {key} is missing")
+        got = digest(data if isinstance(data, np.ndarray) else bytes(data))
+        if got != want:
+            raise VerificationError(f"metadata object {key} differs from the one written (xxh3 "
+                                    f"{got:016x}, manifest {want:016x}): a reader would not "
+                                    "load what was saved")
+
+    # --- acceptance of a kept checkpoint (`ckptbench restore`) ---
+    def accept(self, formats: Sequence[str]) -> None:
+        """CkptbenchError, one line naming the field, unless it is a manifest of this
+        schema, written in one of `formats`, with every field a restore of it uses
+        holding what it may."""
+        key = self.key
+        if self.fields.get("schema") != self.SCHEMA:
+            raise CkptbenchError(f"{key}: schema {shown(self.fields.get('schema'))} is not "
+                                 f"{self.SCHEMA!r}; ckptbench restores only checkpoints it wrote")
+        if self.format not in formats:
+            raise CkptbenchError(f"{key}: written as --format {shown(self.fields.get('format'))}"
+                                 f"; allowed: checkpoints written with --format "
+                                 f"{' or '.join(formats)}")
+        if not isinstance(self.fields.get("workload_spec"), dict):
+            raise CkptbenchError(f"{key}: no workload_spec (written by an older ckptbench); "
+                                 "allowed: checkpoints of this version")
+        for field, fits, rule in _KEPT_FIELDS:
+            if field not in self.fields or not fits(self.fields[field]):
+                value = shown(self.fields[field]) if field in self.fields else "missing"
+                raise CkptbenchError(f"{key}: {field} is {value}; allowed: {rule} (an altered "
+                                     "or older manifest); the checkpoint is not restored")
 
 
-PAD_SEED = 0x6D616E6966657374  # the padding's payload stream ("manifest")
+def _uncovered(chunks: Any, job: FileJob) -> str | None:
+    """The first chunk the job reads that the manifest entry's 'chunks' ([key, offset,
+    bytes] in file order, one per digest) does not list where its digest is; None when
+    every read is covered."""
+    if not isinstance(chunks, list):
+        return "its chunks (no 'chunks' list)"
+    wanted = (enumerate(job.regions) if job.reads is None else
+              ((rd.digest, rd.region) for rd in job.reads))
+    for pos, region in wanted:
+        listed = chunks[pos] if pos < len(chunks) else None
+        if listed != [region.key, region.start, region.end - region.start]:
+            return (f"chunk {region.key} at byte {region.start:,} "
+                    f"({region.end - region.start:,} bytes)")
+    return None
 
 
-def _fill(out: np.ndarray, start: int) -> None:
-    """Padding bytes [start, start + len(out)) of a manifest: the payload generator's
-    stream (incompressible, at memory speed), aligned to 8 bytes."""
-    lo = start // 8 * 8
-    if lo == start and len(out) % 8 == 0:
-        PayloadGenerator().fill(PAD_SEED, [Region(0, start + len(out), "", "")], start, out)
-        return
-    tmp = np.zeros((start + len(out) - lo + 7) // 8 * 8, dtype=np.uint8)
-    PayloadGenerator().fill(PAD_SEED, [Region(0, lo + len(tmp), "", "")], lo, tmp)
-    out[:] = tmp[start - lo:start - lo + len(out)]
-
-
-class ManifestWriter:
-    """One run's manifests, committed one at a time (a lock: async commits overlap): the
-    padding (the size DCP's ``.metadata`` has; its bytes stand for nothing) is generated
-    once, before the first save's clock starts (:meth:`prepare`), into a buffer every
-    commit reuses; a commit writes its JSON over the buffer's head and puts the buffer.
-    So the coordinator's own time per save is the JSON, not hundreds of MB of padding."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._buf = np.zeros(0, dtype=np.uint8)
-        self._head = 0  # bytes at the buffer's start the last manifest wrote over
-        self._lock = threading.Lock()
-
-    def prepare(self) -> None:
-        """Generate the padding (off the clock: called when the run sets up)."""
-        with self._lock:
-            if len(self._buf) < self.size:
-                self._buf = np.zeros(self.size, dtype=np.uint8)
-                _fill(self._buf, 0)
-                self._head = 0
-
-    def commit(self, backend: Backend, key: str, manifest: dict[str, Any],
-               files: list[bytes] | None = None) -> CommitTimes:
-        """Encode `manifest` (with `files`, its "files" encoded in pieces, when given) and
-        put it atomically at `key`; the clock readings of each part (the backend's error
-        propagates)."""
-        with self._lock:
-            t0 = time.perf_counter_ns()
-            data = self._encode(manifest, files)
-            t1 = time.perf_counter_ns()
-            renamed = backend.put_atomic(key, data)
-            t2 = time.perf_counter_ns()
-        return CommitTimes(t0, t1, renamed if renamed is not None else t2, t2)
-
-    def _encode(self, manifest: dict[str, Any], files: list[bytes] | None
-                ) -> bytes | memoryview:
-        pieces = _pieces(manifest, self.size, files)
-        line = sum(len(x) for x in pieces)
-        total = max(self.size, line)
-        if total > len(self._buf):  # JSON past the padding's size (or no padding)
-            return b"".join(pieces) + _padding(line, total)
-        if self._head > line:  # a longer JSON before: its tail back to padding
-            _fill(self._buf[line:self._head], line)
-        view, at = memoryview(self._buf.data), 0
-        for x in pieces:  # one copy of each piece, into the buffer
-            view[at:at + len(x)] = x
-            at += len(x)
-        self._head = line
-        return view[:total]
-
-
-@dataclass(frozen=True)
-class CommitTimes:
-    """A commit's clock readings (perf_counter_ns): the JSON encoded from `start` to
-    `encoded`; the manifest's bytes written until `renamed` (where a rename commits them;
-    else `renamed` == `end`), the commit's rename until `end`."""
-
-    start: int
-    encoded: int
-    renamed: int
-    end: int
-
-
-def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK,
-                        limits: tuple[int, int] = (MAX_MANIFEST_BYTES, MAX_MANIFEST_JSON_BYTES)
-                        ) -> tuple[bytes, int]:
-    """Read the whole manifest (padding included, as DCP reads all of .metadata); return
-    its first line (the JSON) and its size. FileNotFoundError when absent;
-    VerificationError past `limits` (all of it, its JSON line)."""
-    if not backend.exists(key):
-        raise FileNotFoundError(key)
-    align = max(backend.alignment, 1)
-    block = max(block // align, 1) * align
-    buf = aligned_buffer(block)
-    head = bytearray()
-    found = False
-    size = 0
-    handle = backend.open_read(key)
-    try:
-        while True:
-            got = handle.readinto(size, memoryview(buf)[:block])  # type: ignore[arg-type]
-            if not found:
-                piece = bytes(buf[:got])
-                cut = piece.find(b"\n")
-                head += piece if cut < 0 else piece[:cut]
-                found = cut >= 0
-                if not found and len(head) > limits[1]:
-                    raise VerificationError(f"{key}: its JSON line does not end within "
-                                            f"{limits[1]:,} bytes; allowed: a manifest "
-                                            "ckptbench wrote; the checkpoint is not restored")
-            size += got
-            if size > limits[0]:
-                raise VerificationError(f"{key}: larger than {limits[0]:,} bytes; allowed: a "
-                                        "manifest ckptbench wrote; the checkpoint is not restored")
-            if got < block:
-                break
-    finally:
-        handle.close()
-    return bytes(head), size
-
-
-def check_size(key: str, manifest: dict[str, Any], size: int) -> None:
-    """VerificationError when the manifest is not the size it was written at."""
-    expected = manifest.get("size")
-    if expected is None and "size" not in manifest:
-        return  # no size recorded: nothing to compare
-    if not isinstance(expected, int) or isinstance(expected, bool):
-        raise VerificationError(f"{key}: its size field is {expected!r:.40}, not the number of "
-                                "bytes written (an altered manifest); the checkpoint is not "
-                                "restored")
-    if expected and expected != size:
-        raise VerificationError(f"{key}: manifest is {size} bytes, {expected} were written "
-                                "(truncated or altered); the checkpoint is not restored")
-
-
-def load_manifest(backend: Backend, key: str, block: int = READ_BLOCK) -> tuple[dict[str, Any], int]:
-    """The manifest's JSON and size, for a caller that must first know it is ckptbench's
-    (`ckptbench restore`): FileNotFoundError when absent; CkptbenchError when it is not a
-    ckptbench manifest; VerificationError when it is not all there."""
-    head, size = read_manifest_bytes(backend, key, block)
-    try:
-        manifest = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise CkptbenchError(f"{key}: not a ckptbench manifest (its first line is not JSON);"
-                             " the checkpoint is not restored") from None
-    if not isinstance(manifest, dict):
-        raise CkptbenchError(f"{key}: not a ckptbench manifest; the checkpoint is not restored")
-    check_size(key, manifest, size)
-    return manifest, size
-
-
-def parse_manifest(data: bytes) -> dict[str, Any]:
-    """The JSON of a manifest's bytes (its first line; the rest is padding)."""
-    result: dict[str, Any] = json.loads(data.split(b"\n", 1)[0])
-    return result
+def manifest_files(plan: Plan, checkpoint: str, digests: Mapping[int, list[int]],
+                   layout: RegionLayout | None = None) -> dict[str, Any]:
+    """The manifest's "files": one entry per file, or per rank's region of a shared file
+    (named key#rank, with the path, the offset and the whole file's size)."""
+    layout = layout or plan_layout(plan)
+    names = [k.name for k in plan.keys]
+    out: dict[str, Any] = {}
+    for f, d in sorted(digests.items()):
+        path, rank = plan.file_paths[f], int(plan.file_rank[f])
+        key = f"{checkpoint}/{path}"
+        span = plan.chunks_of_file(f)
+        nbytes = plan.chunk_nbytes[span.start:span.stop]
+        kept = nbytes > 0  # the file's non-empty chunks, from the plan's columns at once
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "size": int(plan.file_bytes[f]),
+            "chunks": [[names[k], o, n] for k, o, n in zip(
+                plan.chunk_key[span.start:span.stop][kept].tolist(),
+                plan.chunk_file_offset[span.start:span.stop][kept].tolist(),
+                nbytes[kept].tolist(), strict=True)],
+            "digests": d,
+        }
+        if layout.is_shared(path):
+            entry.update(path=key, offset=int(layout.base[f]), file_size=layout.shared_size[path])
+            key = f"{key}#{rank}"
+        out[key] = entry
+    return out

@@ -17,10 +17,19 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ckptbench.backends.base import ReadHandle
+from ckptbench.backends.base import PlannedReads, ReadHandle
 from ckptbench.errors import VerificationError
-from ckptbench.formats.base import ChunkRead, FileJob, FormatBase, ThreadResult, now, round_up
+from ckptbench.formats.base import (
+    ChunkRead,
+    FileJob,
+    FormatBase,
+    PlannedRestore,
+    ThreadResult,
+    now,
+    round_up,
+)
 from ckptbench.formats.fill_ins import FillIns, restoring_ranks
+from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
@@ -104,13 +113,12 @@ class RangedRestore(FormatBase):
     def _locate(self, job: FileJob, region: Region) -> str:  # pragma: no cover - RawFormat's
         raise NotImplementedError
 
-    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
-                       fill_ins: dict[str, Any] | None = None) -> list[ThreadResult]:
-        """Every rank of `ranks` reads the manifest, then the jobs are read and verified.
-        The manifest reads are ops (``manifest``, with its size) of each rank. `fill_ins`:
-        the entries (digests) of the jobs whose files were written as fill-ins, which the
-        checkpoint's manifest does not list."""
-        fill_ins = fill_ins or {}
+    def restore_planned(self, jobs: list[FileJob], manifest_key: str,
+                        planned: PlannedRestore) -> list[ThreadResult]:
+        """Every restore rank this process hosts reads the manifest, then the jobs are read
+        and verified. The manifest reads are ops (``manifest``, with its size) of each
+        rank; the fill-ins' entries complete the manifest's."""
+        ranks, fill_ins = planned.ranks, planned.fill_ins
         self._held = None
         nthreads = max(1, self.o.threads) * max(1, len(ranks))
         groups = assign_threads(jobs, nthreads, by_size) if jobs else []
@@ -121,7 +129,7 @@ class RangedRestore(FormatBase):
         self.backend.warm_reads()
         self.group.barrier()
         heads = [ThreadResult() for _ in ranks]
-        manifests: list[dict[str, Any] | None] = [None] * len(ranks)
+        manifests: list[Manifest | None] = [None] * len(ranks)
 
         def read_manifest(k: int) -> None:
             mine = [j for j in jobs if j.reader == ranks[k] and j.name not in fill_ins]
@@ -159,9 +167,12 @@ class RangedRestore(FormatBase):
 
     def _open_planned(self, job: FileJob, res: ThreadResult) -> ReadHandle:
         t0 = now()
-        handle = self.backend.open_read_planned(
-            job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
-                      for rd in job.reads or []])
+        if isinstance(self.backend, PlannedReads):
+            handle = self.backend.open_read_planned(
+                job.key, [(job.offset + rd.region.start, rd.region.end - rd.region.start)
+                          for rd in job.reads or []])
+        else:
+            handle = self.backend.open_read(job.key)
         res.op("open", job.index, 0, t0, now(), rank=job.reader)
         return handle
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ckptbench.backends.base import SharedFileWrites, unsupported
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import (
     FileJob,
@@ -132,7 +133,7 @@ class RawFormat(RangedRestore, FormatBase):
                     job = jobs[j]
                     t0 = now()
                     if job.file_size:
-                        handle = self.backend.open_write_region(
+                        handle = self._shared().open_write_region(
                             job.key, job.offset, job.size, job.file_size)
                     else:
                         handle = self.backend.open_write(job.key, job.size)
@@ -156,13 +157,19 @@ class RawFormat(RangedRestore, FormatBase):
                 with contextlib.suppress(Exception):  # the first error is the one to report
                     handle.abort()
 
+    def _shared(self) -> SharedFileWrites:
+        """The backend's N-1 writes (a run without them was refused at set-up)."""
+        if not isinstance(self.backend, SharedFileWrites):
+            raise unsupported(self.backend, "one file written by several ranks")
+        return self.backend
+
     def _create_shared(self, jobs: list[FileJob]) -> BaseException | None:
         """Process 0 creates the shared files before anyone opens them (off the clock)."""
         if self.group.rank != 0:
             return None
         try:
             for key, size in sorted({(j.key, j.file_size) for j in jobs if j.file_size}):
-                self.backend.create_shared(key, size)
+                self._shared().create_shared(key, size)
         except BaseException as exc:
             return exc
         return None
@@ -284,8 +291,8 @@ class RawFormat(RangedRestore, FormatBase):
                     f"(chunk byte {first} of {n})")
         return f"{where}: {describe_difference(data, expected)}"
 
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
         # Buffers are allocated and their pages faulted in before the clock starts.
         self._held = None
         groups = assign_threads(jobs, self.nthreads, by_size)

@@ -34,7 +34,15 @@ import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError
-from ckptbench.formats.base import FileJob, FormatBase, FormatOptions, Group, ThreadResult, now
+from ckptbench.formats.base import (
+    FileJob,
+    FormatBase,
+    FormatOptions,
+    Group,
+    PlannedRestore,
+    ThreadResult,
+    now,
+)
 from ckptbench.formats.codecs import CodecSpec
 from ckptbench.formats.common import (
     NP_DTYPES,
@@ -53,7 +61,8 @@ from ckptbench.formats.dcp_load import (
     verify_pieces,
 )
 from ckptbench.formats.dcp_s3 import s3torch_storage
-from ckptbench.formats.verify import check_object, describe_difference, object_digest
+from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.verify import describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
 from ckptbench.plan.restore import restore_pieces, restore_plan_of
@@ -325,7 +334,7 @@ class TorchDcpFormat(FormatBase):
                 res.error = exc
         return [res]
 
-    def _check_metadata(self, ckpt: str, manifest_key: str, manifest: dict[str, Any]) -> None:
+    def _check_metadata(self, ckpt: str, manifest: Manifest) -> None:
         """DCP's .metadata (the index a loader follows: dtypes, shapes, where each chunk
         lies) must be the one written."""
         key = f"{ckpt}/{DCP_METADATA}"
@@ -333,20 +342,20 @@ class TorchDcpFormat(FormatBase):
             data: bytes | None = self.backend.get(key)
         except FileNotFoundError:
             data = None
-        check_object(manifest_key, manifest, DCP_METADATA, key, data)
+        manifest.check_object(DCP_METADATA, key, data)
 
     def _open_checkpoint(self, ckpt: str, manifest_key: str, jobs: list[FileJob]
-                         ) -> tuple[dict[str, Any], tuple[int, int]]:
+                         ) -> tuple[Manifest, tuple[int, int]]:
         """The manifest, and DCP's .metadata checked by process 0; every process raises the
         first failure together, before DCP's collective load, so none waits in it for a
         process that gave up."""
-        manifest: dict[str, Any] = {}
+        manifest = Manifest(manifest_key, {})
         span = (0, 0)
         problem: BaseException | None = None
         try:
             manifest, span = self.read_manifest(manifest_key, jobs)
             if self.group.rank == 0:
-                self._check_metadata(ckpt, manifest_key, manifest)
+                self._check_metadata(ckpt, manifest)
         except BaseException as exc:  # agreed on below
             problem = exc
         problems = self.group.gather(problem)
@@ -356,8 +365,8 @@ class TorchDcpFormat(FormatBase):
         return manifest, span
 
     # --- restore ---
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
         import torch.distributed.checkpoint as dcp
 
         self.group.barrier()
@@ -389,14 +398,14 @@ class TorchDcpFormat(FormatBase):
         return [res], (t0, t1)
 
     # --- restore onto the restore layout (ckptbench.formats.dcp_load) ---
-    def restore_ranged(self, jobs: list[FileJob], manifest_key: str, ranks: list[int],
-                       filled: dict[str, Any] | None = None) -> list[ThreadResult]:
+    def restore_planned(self, jobs: list[FileJob], manifest_key: str,
+                        planned: PlannedRestore) -> list[ThreadResult]:
         """dcp.load by the restore rank this process hosts (if any), into its pieces of the
         restore layout; `jobs`: the saved chunks the plan says it reads (verified). No
-        fill-ins (`filled`): a torch-dcp run saves every rank."""
+        fill-ins: a torch-dcp run saves every rank."""
         import torch.distributed.checkpoint as dcp
 
-        del filled
+        ranks = planned.ranks
         if len(ranks) > 1:
             raise SpecError(f"--format torch-dcp: {len(ranks)} restore ranks in one process; "
                             "allowed: one (DCP loads one rank per process)")

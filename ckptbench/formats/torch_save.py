@@ -174,6 +174,6 @@ class TorchSaveFormat(RawFormat):
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
         return super().save(self._containers(jobs))
 
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]:
-        return super().restore(self._containers(jobs), manifest_key)
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
+        return super().restore_files(self._containers(jobs), manifest_key)

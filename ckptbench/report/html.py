@@ -125,8 +125,10 @@ def run_section(run: RunData, pictures: Sequence[Picture], heading: str) -> str:
             f"<details><summary>run record</summary><pre>{record}</pre></details></section>")
 
 
-def render_html(drawn: Drawn, job: Grid | None = None) -> str:
-    """The whole page; `job`: what the job will see (cadence.job), after the summary."""
+def render_html(drawn: Drawn, job: Grid | None = None,
+                tiers: tuple[Sequence[Grid], Sequence[Picture]] = ((), ())) -> str:
+    """The whole page; `job`: what the job will see (cadence.job), after the summary;
+    `tiers`: the recovery tiers' tables and the multi-level cadence's figures."""
     runs = drawn.runs
     views: list[dict[str, Any]] = [r.view for r in runs]
     tables = grid_html(summary_grid(views))
@@ -138,6 +140,9 @@ def render_html(drawn: Drawn, job: Grid | None = None) -> str:
     parts = [f"<h2>Summary</h2>{tables}"]
     if job is not None:
         parts.append(f"<h2>What the job will see</h2>{grid_html(job)}")
+    if tiers[0] or tiers[1]:
+        parts.append("<h2>Recovery tiers</h2>" + "".join(grid_html(g) for g in tiers[0])
+                     + "".join(figure_html(p) for p in tiers[1]))
     if drawn.compare is not None:
         parts.append(f"<h2>Comparison</h2>{figure_html(drawn.compare)}")
     parts += [run_section(r, pics, f"#{i} {r.label}" if several else f"Run: {r.label}")

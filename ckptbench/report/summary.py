@@ -21,6 +21,8 @@ import numpy as np
 from ckptbench.errors import CkptbenchError
 from ckptbench.records import read_records
 from ckptbench.report.asynchronous import SUMMARY, summarize_async
+from ckptbench.report.tiers import TYPES as TIER_TYPES
+from ckptbench.report.tiers import summarize_tiers
 
 LATENCY_OPS = ("open", "write", "fsync", "close", "read", "write_shard", "read_shard")
 
@@ -275,4 +277,5 @@ def view(records: list[dict[str, Any]], path: str) -> dict[str, Any]:
         "summary": summary,
         "errors": [r for r in records if r.get("type") == "error"],
         "async": [r for r in records if r.get("type") == SUMMARY] or summarize_async(records),
+        "tiers": [r for r in records if r.get("type") in TIER_TYPES] or summarize_tiers(records),
     }

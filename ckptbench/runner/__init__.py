@@ -19,6 +19,7 @@ __all__ = ["Launcher", "RunOptions", "RunRequest", "new_run_id", "open_launcher"
 def open_launcher(choice: str = "auto") -> Launcher:
     """--launcher auto|local|mpi -> a Launcher; under MPI this initializes MPI."""
     from ckptbench.runner.launch_mpi import MPIComm, MPILauncher, choose_launcher
+    from ckptbench.runner.signals import exit_on_signals
 
     if choice not in ("auto", "local", "mpi"):
         raise SpecError(f"--launcher {choice!r} is not allowed; allowed: auto, local, mpi")
@@ -26,4 +27,5 @@ def open_launcher(choice: str = "auto") -> Launcher:
         from ckptbench.runner.launch_local import LocalLauncher
 
         return LocalLauncher()
+    exit_on_signals()  # an MPI rank cannot clean up: it ends at once
     return MPILauncher(MPIComm())

@@ -40,7 +40,6 @@ from ckptbench.errors import RunFailed, SpecError, VerificationError, describe_e
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
     FileJob,
-    FormatBase,
     ThreadResult,
     file_jobs,
     first_error,
@@ -182,10 +181,9 @@ class AsyncLoop:
         self.o, self.sink = run.options, run.sink
         self.root = self.comm.rank == 0
         self.offset = self.comm.clock_offset_ns()
-        fmt = open_format(self.o.format, self.plan, self.my_ranks, self.backend,
-                          _Alone(self.comm), self.o.format_options(), run.moved)
-        assert isinstance(fmt, FormatBase)  # its payload source is replaced by snapshots
-        self.fmt = fmt
+        # its payload source is replaced by snapshots (Format.source)
+        self.fmt = open_format(self.o.format, self.plan, self.my_ranks, self.backend,
+                               _Alone(self.comm), self.o.format_options(), run.moved)
         self.lock = threading.Lock()
         self.outbox: list[tuple[int, PhaseReport]] = []  # persists done, not yet sent
         self.final: dict[int, dict[str, Any]] = {}  # iteration -> commit outcome

@@ -18,6 +18,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from ckptbench.runner.scheduler import node_name
+
 COMM_TIMEOUT_S = 3600.0
 
 
@@ -46,9 +48,8 @@ class Comm(ABC):
         return 0
 
     def host(self) -> str:
-        import socket
-
-        return socket.gethostname()
+        """The node this process is counted on (Slurm's node name, else the host name)."""
+        return node_name()
 
     def abort(self, code: int = 1) -> None:
         """Stop every process of the group now (a peer failed outside a collective)."""

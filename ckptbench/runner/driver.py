@@ -39,24 +39,26 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend
+from ckptbench.backends.base import HostCacheControl, PageCacheControl
 from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats import open_format
 from ckptbench.formats.base import (
-    MANIFEST_SCHEMA,
     FileJob,
     Format,
+    PlannedRestore,
     ThreadResult,
     file_jobs,
     first_error,
-    manifest_files,
     now,
 )
 from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
 from ckptbench.formats.manifest import (
     CommitTimes,
+    Manifest,
     ManifestWriter,
     encode_members,
     manifest_bytes,
+    manifest_files,
 )
 from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.plan import Plan
@@ -100,6 +102,11 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     process)."""
     run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
                      names)
+    if options.tier_plan is not None:  # memory, peer and storage tiers (runner.tiers)
+        from ckptbench.runner.tiers import TierRun
+
+        TierRun(run).run_all()
+        return
     if options.mode == "async":  # checkpoints of a training loop (runner.async_mode)
         from ckptbench.runner.async_mode import AsyncLoop
 
@@ -238,13 +245,15 @@ class Iterations:
                                              options.seed, self.fill, fill_in_at(self, it))
                         filled = {j.name: {"digests": fill_digests[j.index]} for j in rjobs
                                   if j.index in fill_digests}
-                        rresults = self.fmt.restore_ranged(  # type: ignore[attr-defined]
-                            rjobs, manifest_key, self.restore_ranks, filled)
+                        planned: PlannedRestore | None = PlannedRestore(self.restore_ranks,
+                                                                        filled)
                     else:
                         read_ranks = _restore_ranks(self.my_ranks, self.all_ranks,
                                                     options.restore_shift)
                         rjobs = file_jobs(plan, read_ranks, ckpt, saved_as, options.seed)
-                        rresults, manifest_t = self.fmt.restore(rjobs, manifest_key)
+                        planned = None
+                    restored = self.fmt.restore(rjobs, manifest_key, planned)
+                rresults, manifest_t = restored.results, restored.manifest
                 rerr = first_error(rresults)
             except BaseException as exc:
                 rresults, rerr = [], exc
@@ -276,9 +285,12 @@ def _evict(fmt: Format, jobs: list[FileJob], backend: Backend, comm: Comm,
     process 0 drops the host's page cache where the backend can; process 0 gets each
     process's method (what the restore record says)."""
     evict = options.restore and options.cache == "auto"
-    method = backend.drop_cache(fmt.cache_keys(jobs)) if evict else "none"
+    cache = backend if isinstance(backend, PageCacheControl) else None
+    host = backend if isinstance(backend, HostCacheControl) else None
+    method = cache.drop_cache(fmt.cache_keys(jobs)) if evict and cache else "none"
     comm.barrier()
-    dropped = comm.rank == 0 and evict and method == "fadvise" and backend.drop_host_caches()
+    dropped = (comm.rank == 0 and evict and method == "fadvise" and host is not None
+               and host.drop_host_caches())
     if comm.bcast(dropped):
         method = f"{method}+drop_caches"
     return comm.gather(method)
@@ -311,7 +323,7 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
     watch = watch or StallWatch(0, lambda _message: None)
     fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
                       options.format_options(), moved)
-    if getattr(fmt, "streams_progress", True):
+    if fmt.streams_progress:
         return fmt, watch
     return fmt, StallWatch(0, watch.on_stall)
 
@@ -363,7 +375,7 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
         for report in gathered:
             objects.update(report.objects or {})
         manifest = {
-            "schema": MANIFEST_SCHEMA,
+            "schema": Manifest.SCHEMA,
             "run_id": options.run_id,
             "iteration": it,
             "workload": plan.workload.name,

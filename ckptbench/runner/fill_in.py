@@ -46,7 +46,7 @@ def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, l
     comm, root = run.comm, run.comm.rank == 0
     where = fill_in_at(run, it)
     jobs = run.fill.jobs(where, run.saved_as(it), run.options.seed) if root else []
-    fmt: Any = run.fmt
+    fmt = run.fmt
     progress, fmt.progress = fmt.progress, _quiet
     try:
         if root:

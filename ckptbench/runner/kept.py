@@ -4,16 +4,13 @@ its entries are exactly the files of the ranks it lists (else one line naming th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend
 from ckptbench.backends.base import TARGET_MARKER
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, VerificationError
 from ckptbench.fields import shown
-from ckptbench.formats.base import MANIFEST_SCHEMA
-from ckptbench.formats.manifest import load_manifest
-from ckptbench.payload import MODES as PAYLOAD_MODES
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import MANIFEST_NAME, Plan
 from ckptbench.runner.options import PLANNED_RESTORE
 from ckptbench.spec import Workload, workload_from_dict
@@ -29,7 +26,7 @@ def split_checkpoint(checkpoint: str) -> tuple[str, str]:
     return parts[0], f"{parts[1]}/{parts[2]}"
 
 
-def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str, Any]:
+def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> Manifest:
     """The checkpoint's manifest, once it is known to be ckptbench's and each field a
     restore uses holds what it may (else one line naming the field)."""
     if not backend.exists(TARGET_MARKER):
@@ -37,46 +34,17 @@ def read_checkpoint(backend: Backend, checkpoint: str, prefix: str) -> dict[str,
                              "ckptbench restores only checkpoints it wrote")
     key = f"{prefix}/{MANIFEST_NAME}"
     try:
-        manifest, _ = load_manifest(backend.for_parent(), key)  # before the ranks fork
+        manifest = Manifest.load(backend.for_parent(), key)  # before the ranks fork
     except FileNotFoundError:
         raise CkptbenchError(f"{checkpoint}: no manifest {MANIFEST_NAME}; allowed: a "
                              "checkpoint ckptbench committed and kept with --keep") from None
     except VerificationError as exc:
         raise RunFailed(str(exc), "verification") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA:
-        raise CkptbenchError(f"{key}: schema {shown(manifest.get('schema'))} is not "
-                             f"{MANIFEST_SCHEMA!r}; ckptbench restores only checkpoints it wrote")
-    if manifest.get("format", "raw") not in PLANNED_RESTORE:
-        raise CkptbenchError(f"{key}: written as --format {shown(manifest.get('format'))}; "
-                             f"allowed: checkpoints written with --format "
-                             f"{' or '.join(PLANNED_RESTORE)}")
-    if not isinstance(manifest.get("workload_spec"), dict):
-        raise CkptbenchError(f"{key}: no workload_spec (written by an older ckptbench); "
-                             "allowed: checkpoints of this version")
-    for field, fits, rule in _FIELDS:
-        if field not in manifest or not fits(manifest[field]):
-            value = shown(manifest[field]) if field in manifest else "missing"
-            raise CkptbenchError(f"{key}: {field} is {value}; allowed: {rule} (an altered or "
-                                 "older manifest); the checkpoint is not restored")
+    manifest.accept(PLANNED_RESTORE)
     return manifest
 
 
-def _is_int(value: Any, minimum: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-# The manifest fields a restore uses: (field, check, what is allowed).
-_FIELDS: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("files", lambda v: isinstance(v, dict), "an object of file entries"),
-    ("ranks", lambda v: isinstance(v, list) and bool(v) and all(_is_int(r) for r in v),
-     "a non-empty list of the ranks that wrote (integers >= 0)"),
-    ("payload", lambda v: v in PAYLOAD_MODES, ", ".join(PAYLOAD_MODES)),
-    ("seed", _is_int, "an integer >= 0"),
-    ("iteration", lambda v: _is_int(v, 1), "an integer >= 1"),
-]
-
-
-def checkpoint_workload(manifest: dict[str, Any], prefix: str) -> Workload:
+def checkpoint_workload(manifest: Manifest, prefix: str) -> Workload:
     """The workload the manifest was written for (errors name the manifest)."""
     try:
         return workload_from_dict(manifest["workload_spec"])
@@ -84,7 +52,7 @@ def checkpoint_workload(manifest: dict[str, Any], prefix: str) -> Workload:
         raise SpecError(f"{prefix}/{MANIFEST_NAME}: workload_spec: {exc}") from None
 
 
-def written_ranks(plan: Plan, manifest: dict[str, Any], prefix: str) -> list[int]:
+def written_ranks(plan: Plan, manifest: Manifest, prefix: str) -> list[int]:
     """The ranks that wrote (the manifest's 'ranks'); every file of each must have an
     entry, and every entry must be a file of one of them: a manifest that lost an entry
     would otherwise restore fewer ranks and call that verified."""

@@ -15,7 +15,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +24,7 @@ from ckptbench.records import ErrorRecord, JsonlSink, Record, as_dict
 from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
 from ckptbench.runner.stall import OnStall, Publish, StallWatch
 from ckptbench.runner.watch_ranks import Inbox, RankWatch
@@ -84,6 +84,15 @@ class Shared:
         self.progress = ctx.Array("q", size, lock=False)
         self.what = ctx.Array("c", size * WHAT_BYTES, lock=False)
         self.aborted = ctx.RawValue("b", 0)
+        self.started = ctx.Array("q", size, lock=False)  # monotonic ns each rank began at
+        self.forked_ns = 0  # the parent's, before the first fork
+
+    def set_up_s(self) -> float | None:
+        """From the first fork until the last rank ran (None: a rank never started)."""
+        started = [int(t) for t in self.started]
+        if not self.forked_ns or not all(started):
+            return None
+        return (max(started) - self.forked_ns) / 1e9
 
     def publisher(self, index: int) -> Publish:
         """A rank's StallWatch publishes here whether it expects bytes now."""
@@ -99,6 +108,7 @@ class Shared:
 
 def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: list[Any],
            errors: Any, records: Any) -> None:
+    shared.started[index] = time.monotonic_ns()
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
     # SIGTERM/SIGHUP (to the process group, by timeout/systemd/Slurm): end at once; the
@@ -141,19 +151,28 @@ class LocalLauncher(Launcher):
 
     def __init__(self, in_process: bool = False) -> None:
         self.in_process = in_process
+        self._set_up: tuple[float | None, str] = (None, "not measured")
 
     def topology(self, req: RunRequest) -> Topology:
-        host, ranks = socket.gethostname(), req.ranks
+        host, ranks = node_name(), req.ranks
+        found = placement(step_facts(), [process_facts()], [list(ranks)])  # one task: this one
         return Topology(req.options.run_id, [[r] for r in ranks], [host] * len(ranks),
-                        {"method": "one host: all processes read the same CLOCK_MONOTONIC"})
+                        {"method": "one host: all processes read the same CLOCK_MONOTONIC"},
+                        {"scheduler": found} if found else {})
 
     def run(self, req: RunRequest, topo: Topology, sink: JsonlSink | None,
             progress: Progress | None) -> None:
         if self.in_process and len(req.ranks) == 1:
+            self._set_up = (0.0, "one rank in this process: nothing to set up")
             run_iterations(req.plan, req.ranks, req.ranks, req.backend, SingleComm(),
                            req.options, sink, progress, names=req.names)
             return
-        _run_forked(req, sink, progress)
+        shared = _run_forked(req, sink, progress)
+        self._set_up = (shared.set_up_s(), f"{len(req.ranks)} local processes forked until "
+                        "each one runs")
+
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        return self._set_up
 
 
 def _drain(inbox: Inbox, sink: JsonlSink | None) -> None:
@@ -175,7 +194,7 @@ def _reap(procs: list[Any]) -> None:
             p.join()
 
 
-def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress | None) -> None:
+def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress | None) -> Shared:
     ctx = mp.get_context("fork")
     ranks = req.ranks
     size = len(ranks)
@@ -187,6 +206,7 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
     procs = [ctx.Process(target=_child, args=(i, req, os.getpid(), shared, inboxes,
                                                errors, records), daemon=True)
              for i in range(size)]
+    shared.forked_ns = time.monotonic_ns()
     for p in procs:
         p.start()
     inbox = Inbox(records, errors)  # its reading thread starts after the forks
@@ -203,7 +223,7 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
         inbox.close()
         _drain(inbox, sink)
     if first_dead is None and stall is None and all(p.exitcode == 0 for p in procs):
-        return
+        return shared
     kind, message, recorded = stall or _failure(ranks, procs, first_dead, inbox)
     if sink is not None and not recorded:  # a rank died or stalled: the record says why
         sink.write(ErrorRecord(0, "run", kind, message))
@@ -222,6 +242,7 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
     others (they may wait for it in a gather), and those still running GRACE_S later are
     stopped. Returns (index, exit code) of the first rank that failed, or the stall."""
     reported = 0
+    per_rank = getattr(on_progress, "ranks", None)  # a progress that shows each rank
     first_dead: tuple[int, int] | None = None
     stall: Failure | None = None
     failed_at = 0.0
@@ -232,6 +253,8 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
         if on_progress and done != reported:
             on_progress(done - reported)
             reported = done
+            if per_rank is not None:
+                per_rank(shared.progress)
         if first_dead is None and stall is None:
             first_dead = next(((i, p.exitcode) for i, p in enumerate(procs)
                                if p.exitcode not in (None, 0)), None)
@@ -247,6 +270,8 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
             for p in procs:
                 if p.is_alive():
                     p.kill()  # SIGKILL: a stopped rank holds a SIGTERM pending for ever
+    if on_progress and sum(shared.progress) != reported:  # the bytes of the last moments
+        on_progress(sum(shared.progress) - reported)
     return first_dead, stall
 
 

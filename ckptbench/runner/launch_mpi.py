@@ -21,8 +21,8 @@ makes mpirun end the job (Open MPI does for a non-zero exit; with Slurm use
 from __future__ import annotations
 
 import os
-import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +34,7 @@ from ckptbench.records import ClockRecord, JsonlSink
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
+from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
 from ckptbench.runner.stall import StallWatch
 
@@ -119,17 +120,21 @@ class MPIComm(Comm):
         multi-node paths on one machine through it)."""
         import mpi4py
 
-        if "mpi4py.MPI" not in sys.modules:  # only the main thread talks to MPI
+        fresh = "mpi4py.MPI" not in sys.modules
+        if fresh:  # only the main thread talks to MPI
             mpi4py.rc.thread_level = "funneled"
-        from mpi4py import MPI
+        began = time.perf_counter()
+        from mpi4py import MPI  # MPI_Init_thread here, when fresh
+
+        # what MPI's initialisation took in this process (None: done before we came)
+        self.init_s = time.perf_counter() - began if fresh else None
 
         self.MPI = MPI
         self.c = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.c.Get_rank()
         self.size = self.c.Get_size()
         self._offset = 0
-        self._host = hosts[self.rank] if hosts and len(hosts) == self.size \
-            else socket.gethostname()
+        self._host = hosts[self.rank] if hosts and len(hosts) == self.size else node_name()
 
     def barrier(self) -> None:
         self.c.Barrier()
@@ -213,6 +218,7 @@ class MPILauncher(Launcher):
         self.comm = comm
         self.root = comm.rank == 0
         self._nodes: list[dict[str, Any]] = []
+        self._init_s: float | None = None
 
     def topology(self, req: RunRequest) -> Topology:
         comm, ranks = self.comm, req.ranks
@@ -224,6 +230,10 @@ class MPILauncher(Launcher):
                 "srun --mpi=pmix or --mpi=pmi2)")
         groups = split_ranks(ranks, comm.size)
         run_id = comm.bcast(req.options.run_id)
+        places = comm.allgather({**process_facts(), "node": comm.host()})
+        inits = comm.gather(comm.init_s)
+        if inits is not None and all(t is not None for t in inits):
+            self._init_s = max(t for t in inits if t is not None)
         nodes = comm.measure_clock()
         host_of_process = {p: n["host"] for n in nodes for p in n["processes"]}
         for node in nodes:
@@ -235,7 +245,8 @@ class MPILauncher(Launcher):
              "rounds": CLOCK_ROUNDS, "nodes": nodes},
             {"mpi": {"world_size": comm.size, "nodes": len(nodes), "groups": groups,
                      "threads_per_process": [max(1, req.options.threads) * len(g)
-                                             for g in groups]}})
+                                             for g in groups]},
+             **_scheduler(places, groups)})
 
     def agree(self, error: BaseException | None, where: str) -> None:
         """Collective: raise on every process if any process had an error (process 0
@@ -292,8 +303,17 @@ class MPILauncher(Launcher):
     def barrier(self) -> None:
         self.comm.barrier()
 
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        return self._init_s, f"MPI initialisation, the slowest of {self.comm.size} ranks"
+
     def share(self, value: Any) -> Any:
         return self.comm.bcast(value)
+
+
+def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[str, Any]:
+    """The run record's `scheduler` entry (Slurm's job, step and placement), if any."""
+    found = placement(step_facts(), places, groups)
+    return {"scheduler": found} if found else {}
 
 
 def _exit_stalled(message: str) -> None:

@@ -12,9 +12,11 @@ from ckptbench.backends import Backend
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
+from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.sequence import RunSequence, check_sequence
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import Workload
+from ckptbench.tierspec import TiersSpec
 
 if TYPE_CHECKING:
     from ckptbench.runner.cleanup import RunNames
@@ -74,6 +76,18 @@ class LoopOptions:
                 f"allowed: at most {MAX_LOOP_STEPS:,} steps and {MAX_LOOP_S / 3600:g} h")
 
 
+def check_tier_options(o: RunOptions) -> None:
+    """What a tiered run cannot combine with, refused in one line."""
+    if o.mode != "sync":
+        raise SpecError("--tiers runs with --mode sync (the storage tier's save every "
+                        "--storage-every-th checkpoint); allowed: --mode sync")
+    if o.checkpoint:
+        raise SpecError("--tiers: restoring a kept checkpoint has no tiers; allowed: no --tiers")
+    if o.sequence != "interleaved":
+        raise SpecError("--tiers: the checkpoints are restored after the last one; allowed: "
+                        "the interleaved sequence")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     iterations: int = 1
@@ -102,10 +116,14 @@ class RunOptions:
     mode: str = "sync"  # sync: save then restore; async: checkpoints of a training loop
     loop: LoopOptions = field(default_factory=LoopOptions)  # --mode async only
     sequence: RunSequence = "interleaved"  # or writes-then-reads (runner.sequence)
+    tiers: TiersSpec = field(default_factory=TiersSpec)  # recovery tiers (runner.tiers)
+    tier_plan: TierPlan | None = None  # placed by the session once the hosts are known
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SpecError(f"--mode {self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
+        if self.tiers.enabled:
+            check_tier_options(self)
         check_sequence(self.sequence)
         if self.mode == "async":
             self.loop.check_length(self.iterations)

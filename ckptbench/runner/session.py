@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckptbench.backends import Backend
-from ckptbench.backends.base import own_leftover
+from ckptbench.backends.base import Striping, own_leftover
 from ckptbench.errors import CkptbenchError, RunFailed, describe_error
 from ckptbench.formats import format_class
 from ckptbench.plan import Plan
@@ -50,6 +50,8 @@ from ckptbench.runner.cleanup import (
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
+from ckptbench.runner.startup import startup_record
+from ckptbench.runner.tiers import place_tiers
 
 Progress = Callable[[int], None]
 
@@ -92,7 +94,9 @@ class Launcher(ABC):
     @abstractmethod
     def run(self, req: RunRequest, topo: Topology, sink: JsonlSink | None,
             progress: Progress | None) -> None:
-        """Run the iterations on every process; raise RunFailed when one failed."""
+        """Run the iterations on every process; raise RunFailed when one failed.
+        `progress` gets the bytes moved (process 0's view); one with a `ranks` method also
+        gets each rank's bytes where the launcher sees them (local processes)."""
 
     def end_clock(self, topo: Topology) -> ClockRecord | None:
         """Collective: the clock offsets measured again after the run (the drift)."""
@@ -104,6 +108,11 @@ class Launcher(ABC):
     def share(self, value: Any) -> Any:
         """Collective: process 0's `value` on every process (the run id it claimed)."""
         return value
+
+    def ranks_set_up(self) -> tuple[float | None, str]:
+        """After run(): how long the run's ranks took to be set up, and how (a part of a
+        restart's start: runner.startup)."""
+        return None, "not measured"
 
 
 def check_supported(plan: Plan, backend: Backend, restore: bool = False,
@@ -121,6 +130,8 @@ def striping_record(backend: Backend, plan: Plan, run_id: str) -> dict[str, Any]
     base = {"stripe_size": ck.stripe_size, "stripe_count": ck.stripe_count, "applied": False}
     if ck.stripe_count == 0:
         return {**base, "reason": "not requested ([checkpoint] stripe_count = 0)"}
+    if not isinstance(backend, Striping):
+        return {**base, "reason": f"not available for the {backend.name} backend"}
     return {**base, **backend.set_striping(run_id, ck.stripe_size, ck.stripe_count)}
 
 
@@ -317,6 +328,10 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     check_supported(req.plan, req.backend, req.options.restore, len(topo.groups),
                     req.options.format)
     launcher.agree(resource_error(req, topo), "checking the memory the run needs")
+    if req.options.tiers.enabled:
+        tiered, refused = place_tiers(req.options, req.plan, topo.groups, topo.hosts)
+        launcher.agree(refused, "placing the recovery tiers")
+        req = replace(req, options=tiered)
     shift = restore_shift(req, topo, launcher.kind)
     if req.options.uses_restore_plan:
         format_class(req.options.format).check_restore(req.plan, topo.groups, shift["value"])
@@ -353,6 +368,7 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         if sink is not None:
             if end is not None:
                 sink.write(end)
+            sink.write(startup_record(*launcher.ranks_set_up(), len(topo.groups)))
             sink.flush()
         launcher.barrier()
         clean = failure is None

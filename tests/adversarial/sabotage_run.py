@@ -38,8 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench import measure
+from ckptbench.backends.base import PlannedReads
 from ckptbench.cli import main
-from ckptbench.formats.manifest import encode_manifest, parse_manifest
+from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.manifest_encoding import encode_manifest
 
 
 def _manifest(ckpt: Path) -> Path:
@@ -50,7 +52,7 @@ def _edit_manifest(edit: Callable[[Any], Any]) -> Callable[[Path, str], None]:
     def act(ckpt: Path, _arg: str) -> None:
         path = _manifest(ckpt)
         data = path.read_bytes()  # JSON, a newline, then padding to DCP's .metadata size
-        edited = edit(parse_manifest(data))
+        edited = edit(Manifest.decode(data).fields)
         path.write_bytes(encode_manifest(edited, len(data)) if isinstance(edited, dict)
                          else json.dumps(edited).encode())
     return act
@@ -208,7 +210,9 @@ def install(action: str, once: Path, flag: Path) -> None:
             return self._reading(key, self._inner.open_read(key))
 
         def open_read_planned(self, key: str, spans: Any) -> Any:
-            return self._reading(key, self._inner.open_read_planned(key, spans))
+            if isinstance(self._inner, PlannedReads):
+                return self._reading(key, self._inner.open_read_planned(key, spans))
+            return self._reading(key, self._inner.open_read(key))
 
         def _reading(self, key: str, handle: Any) -> Any:
             if name in ("hang-read", "stop-read") and arg in key:

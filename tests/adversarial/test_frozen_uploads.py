@@ -1,17 +1,18 @@
 """Uploads left by a frozen server are named and found again (issue 29, family 7).
 
-MinIO is frozen (SIGSTOP) while a save's multipart uploads are in flight, through every
+The S3 endpoint freezes while a save's multipart uploads are in flight, through every
 transport (botocore, crt, obstore) and a botocore --mode async persist. The run fails (its
 ranks stall); once the server thaws, every upload still pending is one the run recorded
 before starting it: the cleanup record's `left` names it by key, and a later run with
---clean-debris finds it by those names and aborts it. A real MinIO of its own.
+--clean-debris finds it by those names and aborts it. A real MinIO of its own, behind a
+proxy that freezes at the first upload's second part: a SIGSTOPped MinIO would work
+through what reached its socket while stopped once it thawed (a completion or an abort),
+so whether an upload was left would be a race; behind the proxy it is certain.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.testing import MinioServer
-from ckptbench.testing.minio import uploads_in_flight
+from harness import FaultProxy, MinioServer
 
 from .runs import env, records
 from .test_s3_faults import (  # noqa: F401
@@ -44,6 +44,11 @@ NEEDS = {"crt": "awscrt", "obstore": "obstore"}
 SETTLE_S = 3.0  # for the thawed server to answer what reached it while frozen
 
 
+def second_part(method: str, path: str) -> bool:
+    """The freeze's request: an upload begun, one part sent, the next one on its way."""
+    return method == "PUT" and "partNumber=2&" in path + "&"
+
+
 def _settled(minio: MinioServer) -> list[str]:
     """The pending uploads once the thawed server has worked through its backlog (the
     same list twice, SETTLE_S apart)."""
@@ -64,30 +69,32 @@ def test_frozen_server_uploads_named_and_cleaned_as_debris(server: MinioServer, 
     workload = tmp_path / "freeze.toml"
     workload.write_text(WORKLOAD)
     results = tmp_path / "r.jsonl"
-    base = [sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
-            f"s3://{server.bucket}/frozen", "--endpoint-url", server.endpoint]
-    proc = subprocess.Popen(
-        [*base, "--part-size", "5MiB", "--s3-concurrency", "2", "--stall-timeout", "5s",
-         "--results", str(results), *CASES[case]],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=env(server.env()))
-    deadline = time.monotonic() + 300
-    while not uploads_in_flight(server.data_dir):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no upload in flight: {proc.communicate()[1][-3000:]}")
-        time.sleep(0.01)
-    assert server.proc is not None
-    os.killpg(server.proc.pid, signal.SIGSTOP)
-    frozen_at = time.monotonic()
-    try:
-        if "--mode" in CASES[case]:  # the persist fails in the background: its own line
-            _out, err = proc.communicate(timeout=BOUND_S + 60)
-            assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
-        else:  # one line naming the stall, in bounded time
-            assert_stall_reported(proc, frozen_at)
-    finally:
-        os.killpg(server.proc.pid, signal.SIGCONT)
+    def base(endpoint: str) -> list[str]:
+        return [sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
+                f"s3://{server.bucket}/frozen", "--endpoint-url", endpoint]
+
+    with FaultProxy(server.endpoint, ["freeze"], second_part) as proxy:
+        proc = subprocess.Popen(
+            [*base(proxy.endpoint), "--part-size", "5MiB", "--s3-concurrency", "2",
+             "--stall-timeout", "5s", "--results", str(results), *CASES[case]],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=env(server.env()))
+        deadline = time.monotonic() + 300
+        while not proxy.frozen.wait(0.05):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"no second part was sent: {proc.communicate()[1][-3000:]}")
+        frozen_at = time.monotonic()
+        try:
+            if "--mode" in CASES[case]:  # the persist fails in the background: its own line
+                _out, err = proc.communicate(timeout=BOUND_S + 60)
+                assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+            else:  # one line naming the stall, in bounded time
+                assert_stall_reported(proc, frozen_at)
+        finally:
+            proxy.thaw()
+            if proc.poll() is None:
+                proc.kill()
     pending = [k.split("/", 1)[1] for k in _settled(server)]
     assert pending, "the freeze left no upload: nothing was tested"
     (cleanup,) = [r for r in records(results) if r["type"] == "cleanup"]
@@ -95,7 +102,7 @@ def test_frozen_server_uploads_named_and_cleaned_as_debris(server: MinioServer, 
         assert any(left.startswith(key) and "unfinished upload" in left
                    for left in cleanup["left"]), (key, cleanup["left"])
 
-    r = subprocess.run([*base, "--clean-debris", "--results", str(tmp_path / "c.jsonl")],
+    r = subprocess.run([*base(server.endpoint), "--clean-debris", "--results", str(tmp_path / "c.jsonl")],
                        capture_output=True, text=True, cwd=tmp_path, env=env(server.env()),
                        timeout=300)
     assert r.returncode == 0 and "removed what 1 interrupted run" in r.stderr, r.stderr[-3000:]

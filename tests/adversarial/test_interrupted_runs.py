@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ckptbench.backends.base import TARGET_MARKER
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 
 from .lifecycle import (
     BIG,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 
 from .helpers import WORKLOADS, Result, assert_refused, ckptbench
 
@@ -47,7 +47,7 @@ def _edit(ckpt: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     its size field (unless the edit changes it)."""
     path = ckpt / ".metadata"
     data = path.read_bytes()
-    manifest = parse_manifest(data)
+    manifest = Manifest.decode(data).fields
     edit(manifest)
     body = json.dumps(manifest).encode()
     assert len(body) < len(data)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.testing import MinioServer
-from ckptbench.testing.minio import uploads_in_flight
+from harness import MinioServer
+from harness.minio import uploads_in_flight
 
 from .runs import BANNER, env
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 
 from .runs import TINY, env, records
 

@@ -28,7 +28,7 @@ from ckptbench.plan import build_plan
 from ckptbench.runner import RunOptions, RunRequest
 from ckptbench.runner.launch_local import LocalLauncher
 from ckptbench.spec import load_workload
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 
 from .lifecycle import BIG, BIG_ARGS, TINY, messages, records, run, start, tree, wait_for
 

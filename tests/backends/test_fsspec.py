@@ -12,9 +12,8 @@ import pytest
 from ckptbench.backends import open_backend
 from ckptbench.backends.fsspec_backend import FsspecBackend, FsspecOptions
 from ckptbench.errors import BackendError
-from ckptbench.testing import MinioServer
-
-from .conformance import BackendConformance
+from ckptbench.testing.conformance import BackendConformance
+from harness import MinioServer
 
 
 class TestFsspecMemory(BackendConformance):

@@ -14,7 +14,7 @@ import pytest
 
 from ckptbench.backends.filesystems import FileSystem, gluster_graph
 from ckptbench.backends.local import LocalBackend
-from ckptbench.testing.gluster import GlusterBed, GlusterServer, is_mounted
+from harness.gluster import GlusterBed, GlusterServer, is_mounted
 
 from .test_local import LocalConformance
 
@@ -145,7 +145,7 @@ def test_a_second_server_runs_beside_and_its_teardown_ends_only_its_own(gluster:
 
 
 def test_the_harness_command_needs_a_command(capsys):
-    from ckptbench.testing.gluster_cli import main
+    from harness.gluster_cli import main
 
     with pytest.raises(SystemExit) as exc:
         main([])
@@ -155,7 +155,7 @@ def test_the_harness_command_needs_a_command(capsys):
 
 LEFT_BEHIND = """
 import os, signal
-from ckptbench.testing.gluster import GlusterServer
+from harness.gluster import GlusterServer
 server = GlusterServer().start()
 server.create_volume("left")
 mount = server.mount("left")
@@ -172,9 +172,9 @@ def test_the_sweep_ends_what_a_killed_harness_left_and_nothing_else(
     import sys
     import tempfile
 
-    from ckptbench.testing.gluster import BASE_ENV
-    from ckptbench.testing.gluster_sweep import main as sweep_main
-    from ckptbench.testing.gluster_sweep import mounts_under, processes_under
+    from harness.gluster import BASE_ENV
+    from harness.gluster_sweep import main as sweep_main
+    from harness.gluster_sweep import mounts_under, processes_under
 
     under = Path(tempfile.mkdtemp(prefix="ckb-sweep-"))  # short: glusterd's socket is in it
     request.addfinalizer(lambda: shutil.rmtree(under, ignore_errors=True))
@@ -202,7 +202,7 @@ def test_the_sweep_ends_what_a_killed_harness_left_and_nothing_else(
 
 
 def test_the_sweep_needs_a_directory(tmp_path: Path, capsys):
-    from ckptbench.testing.gluster_sweep import main as sweep_main
+    from harness.gluster_sweep import main as sweep_main
 
     with pytest.raises(SystemExit) as exc:
         sweep_main([str(tmp_path / "absent")])
@@ -212,7 +212,7 @@ def test_the_sweep_needs_a_directory(tmp_path: Path, capsys):
 
 def test_a_directory_too_deep_for_glusterds_socket_is_refused_in_one_line(
         gluster: GlusterBed, tmp_path: Path):
-    from ckptbench.testing import ToolError
+    from harness import ToolError
 
     base = tmp_path / ("d" * 100)
     with pytest.raises(ToolError, match=r"too long a path for glusterd's socket; use a "

@@ -40,11 +40,11 @@ from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload, parse_workload
-from ckptbench.testing.gluster import GlusterBed, Mount
-from ckptbench.testing.pagecache import cached_bytes, page_cache_drops
+from ckptbench.testing.conformance import write_object
+from harness.gluster import GlusterBed, Mount
+from harness.pagecache import cached_bytes, page_cache_drops
 
 from . import TINY
-from .conformance import write_object
 
 MIB = 1 << 20
 

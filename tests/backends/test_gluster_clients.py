@@ -26,7 +26,7 @@ import pytest
 
 from ckptbench.backends.local import LocalBackend, LocalOptions
 from ckptbench.errors import describe_error
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.plan.files import SHARED_FILE_NAME, plan_layout
 from ckptbench.records import JsonlSink
@@ -35,7 +35,7 @@ from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.launch_local import die_with_parent
 from ckptbench.runner.options import RunOptions
 from ckptbench.spec import load_workload
-from ckptbench.testing.gluster import GlusterBed
+from harness.gluster import GlusterBed
 
 from . import TINY
 
@@ -160,6 +160,6 @@ def test_one_shared_file_written_through_both_clients_at_once(
     assert [p.stat().st_size for p in through] == [size, size]
     digests = {hashlib.sha256(p.read_bytes()).hexdigest() for p in through}
     assert len(digests) == 1
-    manifest = parse_manifest((a / "n-1" / "checkpoint-1" / ".metadata").read_bytes())
+    manifest = Manifest.decode((a / "n-1" / "checkpoint-1" / ".metadata").read_bytes())
     regions = [v for k, v in manifest["files"].items() if k.endswith(f"{SHARED_FILE_NAME}#3")]
     assert regions and regions[0]["offset"] == int(plan_layout(plan).base[3])

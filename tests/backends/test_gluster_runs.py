@@ -17,7 +17,7 @@ import pytest
 from ckptbench.plan import build_plan
 from ckptbench.plan.files import plan_layout
 from ckptbench.spec import load_workload
-from ckptbench.testing.gluster import GlusterBed
+from harness.gluster import GlusterBed
 
 from . import TINY
 

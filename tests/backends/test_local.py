@@ -9,8 +9,7 @@ import pytest
 
 from ckptbench.backends.local import LocalBackend, LocalOptions
 from ckptbench.errors import BackendError
-
-from .conformance import BackendConformance
+from ckptbench.testing.conformance import BackendConformance
 
 
 def _files(root: Path) -> list[str]:

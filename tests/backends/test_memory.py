@@ -16,9 +16,9 @@ from ckptbench.backends.memory import STORES, MemoryBackend
 from ckptbench.errors import BackendError
 from ckptbench.plan import build_plan
 from ckptbench.spec import load_workload
+from ckptbench.testing.conformance import BackendConformance
 
 from . import TINY
-from .conformance import BackendConformance
 
 
 class TestMemory(BackendConformance):

@@ -16,9 +16,9 @@ from ckptbench.backends.null import NullBackend
 from ckptbench.errors import BackendError
 from ckptbench.plan import build_plan
 from ckptbench.spec import load_workload
+from ckptbench.testing.conformance import MIB, aligned, write_object
 
 from . import TINY
-from .conformance import MIB, aligned, write_object
 
 
 def ckptbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

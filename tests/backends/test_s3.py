@@ -16,9 +16,8 @@ import pytest
 from ckptbench.backends import open_backend
 from ckptbench.backends.s3 import S3Backend, S3Options, parse_target, public_endpoint
 from ckptbench.errors import BackendError
-from ckptbench.testing import FaultProxy, MinioServer, free_port
-
-from .conformance import MIB, BackendConformance, read_at, write_object
+from ckptbench.testing.conformance import MIB, BackendConformance, read_at, write_object
+from harness import FaultProxy, MinioServer, free_port
 
 pytestmark = pytest.mark.s3
 

@@ -21,9 +21,9 @@ from ckptbench.backends.s3.readahead import (
     ReadAhead,
     plan_gets,
 )
-from ckptbench.testing import MinioServer
+from ckptbench.testing.conformance import MIB, write_object
+from harness import MinioServer
 
-from .conformance import MIB, write_object
 from .test_s3 import s3
 from .test_s3_transports import TRANSPORTS
 

@@ -20,9 +20,9 @@ from ckptbench.backends.options import IOHints
 from ckptbench.backends.s3 import S3Backend, S3Options
 from ckptbench.backends.s3.sizing import Sizing
 from ckptbench.errors import BackendError
-from ckptbench.testing import FaultProxy, MinioServer
+from ckptbench.testing.conformance import MIB, read_at, write_object
+from harness import FaultProxy, MinioServer
 
-from .conformance import MIB, read_at, write_object
 from .test_s3 import S3Conformance, s3
 
 pytestmark = pytest.mark.s3

@@ -1,4 +1,4 @@
-"""The manifest's encoding (formats.manifest): the JSON line, its total size, padding that
+"""The manifest's encoding (formats.manifest_encoding): the JSON line, its total size, padding that
 is the same incompressible stream however often the buffer is reused, entries encoded
 in pieces equal to one encoding, and the null backend keeping only a manifest's head."""
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from ckptbench.backends.null import KEPT, NullBackend
-from ckptbench.formats.manifest import (
+from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.manifest_encoding import (
     ManifestWriter,
     _body,
     encode_manifest,
     encode_members,
-    parse_manifest,
 )
 
 
@@ -34,7 +34,7 @@ class Kept:
 def test_encode_manifest_sizes(size: int) -> None:
     m = {"schema": "x", "files": {"a": {"digests": [1, 2]}}}
     data = encode_manifest(m, size)
-    got = parse_manifest(data)
+    got = Manifest.decode(data)
     assert got == {**m, "size": len(data)}
     assert len(data) == max(size, len(json.dumps({**m, "size": len(data)})) + 1)
     assert encode_manifest({**got, "size": 7}, len(data)) == data  # a parsed one re-encodes
@@ -55,7 +55,7 @@ def test_the_writer_reuses_its_padding_and_restores_it() -> None:
     w2.prepare()
     w2.commit(fresh, "b", short)  # type: ignore[arg-type]
     assert b.data["b"] == fresh.data["b"]
-    assert len(b.data["b"]) == size and parse_manifest(b.data["b"]) == {**short, "size": size}
+    assert len(b.data["b"]) == size and Manifest.decode(b.data["b"]) == {**short, "size": size}
     assert b.data["b"] == encode_manifest(short, size)
     tail = b.data["b"][len(json.dumps({**short, "size": size})) + 1:]
     assert b"y" * 8 not in tail  # not the longer JSON before
@@ -68,7 +68,7 @@ def test_json_past_the_padding_is_whole() -> None:
     w.prepare()
     m = {"files": {f"f{i}": {"digests": [i]} for i in range(50)}}
     times = w.commit(b, "k", m)  # type: ignore[arg-type]
-    assert parse_manifest(b.data["k"]) == {**m, "size": len(b.data["k"])}
+    assert Manifest.decode(b.data["k"]) == {**m, "size": len(b.data["k"])}
     assert times.start <= times.encoded <= times.renamed == times.end  # one request
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from ckptbench.backends.local import LocalBackend
-from ckptbench.formats.base import file_jobs, manifest_files
+from ckptbench.formats.base import file_jobs
 from ckptbench.formats.codecs import parse_codec
 from ckptbench.formats.common import NP_DTYPES, chunk_bytes, chunk_tasks
+from ckptbench.formats.manifest import manifest_files
 from ckptbench.formats.zarr import ZarrFormat, ZarrLayout
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan import build_plan
@@ -130,7 +131,7 @@ def test_corrupted_shard_is_named(tmp_path: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    results, _ = engine.restore(jobs, manifest_key)
+    results = engine.restore(jobs, manifest_key).results
     assert all(r.error is None for r in results)
     mismatches = [m for r in results for m in r.mismatches]
     assert len(mismatches) == 1
@@ -141,7 +142,7 @@ def test_corrupted_shard_is_named(tmp_path: Path) -> None:
 def test_missing_shard_fails_the_restore(tmp_path: Path) -> None:
     engine, jobs, ckpt, manifest_key = engine_run(tmp_path, "zstd")
     (tmp_path / "t" / ckpt / "model.norm.weight" / "c" / "0").unlink()
-    results, _ = engine.restore(jobs, manifest_key)
+    results = engine.restore(jobs, manifest_key).results
     assert all(r.error is None for r in results)
     (mismatch,) = [m for r in results for m in r.mismatches]
     assert mismatch == (f"chunk model.norm.weight at offsets [0]: zarr shard {ckpt}/"
@@ -201,6 +202,6 @@ def test_unreadable_shard_is_an_error_not_a_hang(tmp_path: Path) -> None:
     shard = tmp_path / "t" / ckpt / "model.tok_embeddings.weight" / "c" / "1" / "0"
     shard.unlink()
     shard.mkdir()  # reads fail with EISDIR
-    results, _ = engine.restore(jobs, manifest_key)
+    results = engine.restore(jobs, manifest_key).results
     errors = [r.error for r in results if r.error is not None]
     assert errors and "model.tok_embeddings.weight/c/1/0" in str(errors[0])

@@ -18,8 +18,8 @@ import pytest
 from ckptbench.backends.base import Backend
 from ckptbench.backends.local import LocalBackend, LocalOptions, apply_striping, striping_command
 from ckptbench.errors import BackendError, SpecError
-from ckptbench.formats.base import file_jobs, manifest_files
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.base import file_jobs
+from ckptbench.formats.manifest import Manifest, manifest_files
 from ckptbench.measure import measure
 from ckptbench.plan import build_plan
 from ckptbench.plan.files import SHARED_FILE_NAME, plan_layout, region_layout
@@ -167,7 +167,7 @@ def test_shared_file_round_trip_end_to_end(tmp_path):
         plan = build_plan(load_workload(workload))
         layout = plan_layout(plan)
         assert (ckpt / "checkpoint.bin").stat().st_size == layout.shared_size["checkpoint.bin"]
-        manifest = parse_manifest((ckpt / ".metadata").read_bytes())
+        manifest = Manifest.decode((ckpt / ".metadata").read_bytes())
         assert len(manifest["files"]) == 4
         recs = [json.loads(x) for x in results.read_text().splitlines()]
         restore = [x for x in recs if x["type"] == "phase" and x["phase"] == "restore"]
@@ -214,8 +214,8 @@ def test_a_corrupted_region_is_named_with_its_offset_in_the_shared_file(tmp_path
         f.seek(base1 + 1000)
         f.write(bytes([byte[0] ^ 0xFF]))
     engine = RawFormat(plan, [0, 1], backend, SingleComm(), RunOptions(run_id="x").format_options())
-    results, _ = engine.restore(file_jobs(plan, [0, 1], "x/checkpoint-1", 1, 0),
-                                "x/checkpoint-1/.metadata")
+    results = engine.restore(file_jobs(plan, [0, 1], "x/checkpoint-1", 1, 0),
+                             "x/checkpoint-1/.metadata").results
     mismatches = [m for r in results for m in r.mismatches]
     assert len(mismatches) == 1 and "checkpoint.bin" in mismatches[0]
     assert f"offset {base1 + 1000} " in mismatches[0]  # in the file, not in the region
@@ -233,7 +233,8 @@ class _ObjectStore(Backend):
     def put_atomic(self, key, data): raise AssertionError
     def get(self, key): raise AssertionError
     def exists(self, key): return False
-    def remove_tree(self, prefix): ...
+    def delete(self, keys): ...
+    def list_names(self, prefix, limit): return []
 
 
 def test_shared_is_refused_for_an_object_store_in_one_line(tmp_path):

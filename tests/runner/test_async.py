@@ -20,7 +20,7 @@ from test_mpi import TINY, files_of, local, mpirun, needs_mpi, records
 
 from ckptbench.backends.local import LocalBackend
 from ckptbench.errors import RunFailed
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink
 from ckptbench.report.asynchronous import summarize_async
@@ -29,8 +29,8 @@ from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import LoopOptions, RunOptions
 from ckptbench.runner.staging import cuda_available
 from ckptbench.spec import load_workload
-from ckptbench.testing import MinioServer
-from tests.faults import FullDiskBackend, SlowBackend
+from ckptbench.testing.faults import FullDiskBackend, SlowBackend
+from harness import MinioServer
 
 # Short steps keep the tests fast; 2 steps between checkpoints.
 LOOP = ("--mode", "async", "--step-seconds", "0.02", "--steps-per-checkpoint", "2",
@@ -154,7 +154,7 @@ def test_a_checkpoint_due_while_the_last_persist_runs_waits_and_is_recorded(tmp_
 
 def _intact(checkpoint: Path) -> None:
     """Every chunk of a committed checkpoint hashes to its manifest's digest."""
-    manifest = parse_manifest((checkpoint / ".metadata").read_bytes())
+    manifest = Manifest.decode((checkpoint / ".metadata").read_bytes())
     assert manifest["files"]
     for key, entry in manifest["files"].items():
         data = (checkpoint / key.split("/", 2)[2]).read_bytes()
@@ -264,7 +264,7 @@ def test_stopping_minio_fails_the_checkpoint_in_flight_and_keeps_the_durable_one
         keys = server.list_keys(bucket, "stop/")
         committed = [k.split("/")[-2] for k in keys if k.endswith("/.metadata")]
         assert committed == [f"checkpoint-{i}" for i in range(1, durable + 1)]
-        manifest = parse_manifest(server.client().get_object(
+        manifest = Manifest.decode(server.client().get_object(
             Bucket=bucket, Key=next(k for k in keys if k.endswith("/.metadata")))["Body"].read())
         for key, entry in manifest["files"].items():
             body = server.client().get_object(Bucket=bucket, Key=f"stop/{key}")["Body"].read()

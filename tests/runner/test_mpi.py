@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.errors import SpecError
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.runner.launch_mpi import choose_launcher, launched_size, split_ranks
 from ckptbench.runner.session import auto_restore_shift
@@ -50,7 +50,7 @@ MPI_ENV = {
 }
 FAULT_RUN = Path(__file__).resolve().parent / "fault_run.py"
 # Plan rank 1 (the writer of __1_*.distcp) exits (status 9) after 2 MB of its 5.9 MB
-# (1 MiB writes): a wrapper backend the test script passes in (tests/faults.py).
+# (1 MiB writes): a wrapper backend the test script passes in (ckptbench/testing/faults.py).
 DIE = ("--die-file", "/__1_", "--die-after", "2000000")
 
 
@@ -90,16 +90,18 @@ def records(path: Path) -> list[dict]:
 
 
 def files_of(target: Path) -> dict[str, tuple[int, str]]:
-    """Relative path (below the run directory) -> (size, sha256), manifest left out (it
-    names the run)."""
+    """Relative path (below the run directory) -> (size, sha256), manifest and the kept
+    run's record left out (they name the run, its host and its processes)."""
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
+    assert json.loads((run_dir / ".ckptbench-run").read_text())["state"] == "kept"
     return {str(p.relative_to(run_dir)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".metadata"}
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name not in (".metadata", ".ckptbench-run")}
 
 
 def manifest_entries(target: Path) -> dict[str, dict]:
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
-    m = parse_manifest((run_dir / "checkpoint-1" / ".metadata").read_bytes())
+    m = Manifest.decode((run_dir / "checkpoint-1" / ".metadata").read_bytes())
     strip = len(run_dir.name) + 1
     return {k[strip:]: {**v, **({"path": v["path"][strip:]} if "path" in v else {})}
             for k, v in m["files"].items()}
@@ -182,6 +184,13 @@ def test_mpi_run_gives_the_same_bytes_files_and_verification_as_the_local_runner
     # Timestamps are on one time base: every rank's save starts after the same barrier.
     starts = [r["start_ns"] for r in mrec if r["type"] == "rank" and r["phase"] == "save"]
     assert max(starts) - min(starts) < 5e9
+    # What a restart's start costs here: MPI's initialisation, the forks of local ranks.
+    (lstart,), (mstart,) = ([r for r in recs if r["type"] == "startup"] for recs in (lrec, mrec))
+    assert mstart["ranks_set_up"] == "MPI initialisation, the slowest of 4 ranks"
+    assert lstart["ranks_set_up"] == "4 local processes forked until each one runs"
+    for start in (lstart, mstart):
+        assert start["processes"] == 4 and 0 < start["ranks_set_up_s"] < 120
+        assert 0 < start["process_start_and_imports_s"] <= start["to_run_s"] < 600
 
 
 @needs_mpi

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.measure import build_request, measure
 from ckptbench.records import read_records
 from ckptbench.report import view
@@ -104,13 +104,13 @@ def test_the_parts_table(tiny_run) -> None:
 def test_the_manifest_holds_every_file_the_processes_encoded(tiny_run) -> None:
     """The processes encode their own entries; the committed manifest is what the
     coordinator's build from all digests gives."""
-    from ckptbench.formats.base import manifest_files
+    from ckptbench.formats.manifest import manifest_files
     from ckptbench.plan import build_plan
     from ckptbench.spec import load_workload
 
     _, data = tiny_run
     (path,) = sorted(data.glob("run-*/checkpoint-1/.metadata"))
-    manifest = parse_manifest(path.read_bytes())
+    manifest = Manifest.decode(path.read_bytes())
     assert manifest["size"] == path.stat().st_size
     plan = build_plan(load_workload(TINY))
     ckpt = f"{path.parent.parent.name}/checkpoint-1"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.plan.metadata import dcp_metadata_bytes
 from ckptbench.plan.restore import build_restore_plan
@@ -115,7 +115,7 @@ def copy_of(kept: Path, tmp_path: Path) -> Path:
 
 def test_restore_command_reads_a_kept_checkpoint_onto_hsdp(kept, tmp_path):
     ckpt = copy_of(kept, tmp_path)
-    manifest = parse_manifest((ckpt / ".metadata").read_bytes())
+    manifest = Manifest.decode((ckpt / ".metadata").read_bytes())
     assert manifest["workload_spec"]["name"] == "tiny"
     results = tmp_path / "again.jsonl"
     r = ckptbench("restore", str(ckpt), "--restore-layout", "world_size=8,dp_replicate=2",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckptbench.backends.local import LocalBackend, LocalOptions
-from ckptbench.formats.manifest import parse_manifest
+from ckptbench.formats.manifest import Manifest
 from ckptbench.plan import build_plan
 from ckptbench.records import JsonlSink, read_records
 from ckptbench.runner.comm import SingleComm
@@ -68,7 +68,7 @@ def test_keep_leaves_a_committed_checkpoint_matching_the_plan(tmp_path):
     plan = build_plan(load_workload(TINY))
     (run_dir,) = [p for p in target.iterdir() if p.is_dir()]
     ckpt = run_dir / "checkpoint-1"
-    manifest = parse_manifest((ckpt / ".metadata").read_bytes())
+    manifest = Manifest.decode((ckpt / ".metadata").read_bytes())
     assert manifest["schema"] == "ckptbench.manifest/1"
     for f, size in zip(plan.file_paths, plan.file_bytes.tolist(), strict=True):
         assert (ckpt / f).stat().st_size == size

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ckptbench.backends.base import PlannedReads
 from ckptbench.errors import RunFailed, SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.records import read_records
@@ -50,8 +51,10 @@ class KeyLog:
         return self._inner.open_read(self._read_key(key))
 
     def open_read_planned(self, key: str, spans: Any) -> Any:
-        # the DCP restore plan opens its files this way (the backend may fetch ahead)
-        return self._inner.open_read_planned(self._read_key(key), spans)
+        # the DCP restore plan opens its files this way (a backend may fetch ahead)
+        if isinstance(self._inner, PlannedReads):
+            return self._inner.open_read_planned(self._read_key(key), spans)
+        return self._inner.open_read(self._read_key(key))
 
 
 def test_steps_of_each_sequence() -> None:

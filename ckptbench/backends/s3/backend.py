@@ -1,15 +1,8 @@
-"""S3 and S3-compatible object stores (AWS S3, MinIO, Ceph RGW, ...) through boto3.
-
-Targets are ``s3://bucket/prefix``. The endpoint comes from ``--endpoint-url`` or boto3's
-standard configuration (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the config file);
-credentials come only from boto3's standard chain and are never stored, recorded or
-printed.
-
-The package: ``options`` (S3Options, limits, target URLs), ``client`` (per-process session,
-clients, counters), ``errors`` (one-line errors, retry accounting), ``writer`` (multipart
-uploads), ``reader`` (ranged GETs), and this module, the backend that ties them to a target.
-Retries use botocore's ``standard`` mode; each retried request is counted, by reason, in
-:meth:`S3Backend.stats` (and so in the records).
+"""S3 and S3-compatible object stores (AWS S3, MinIO, Ceph RGW, ...) through boto3: the
+backend that ties the package's modules (ckptbench.backends.s3) to a ``s3://bucket/prefix``
+target. The endpoint comes from ``--endpoint-url`` or boto3's standard configuration
+(``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, the config file); credentials come only
+from boto3's standard chain and are never stored, recorded or printed.
 """
 
 from __future__ import annotations
@@ -90,6 +83,11 @@ class S3Backend(Backend):
     def _client(self, kind: str = "main") -> Any:
         """This process's client: 'main' or 'quick' (see S3Clients)."""
         return self.clients.client(kind)
+
+    # the session its handles hold (s3.session.S3Session): these, and its public fields
+    object_key = _key
+    process = _proc
+    client = _client
 
     # --- errors ---
     def error(self, exc: BaseException, action: str) -> BackendError:
@@ -178,6 +176,8 @@ class S3Backend(Backend):
         """Cleanup (deletes, aborts) is bounded: short timeouts, and one try once the
         endpoint has stopped answering, so a frozen server cannot hold a run's exit."""
         return self._client("last" if self._proc().dead else "quick")
+
+    cleanup_client = _cleanup_client
 
     def _head(self, key: str, action: str) -> bool:
         from botocore.exceptions import ClientError

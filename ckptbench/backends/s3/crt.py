@@ -30,7 +30,7 @@ from ckptbench.backends.s3.transport import Address, credentials
 from ckptbench.errors import BackendError
 
 if TYPE_CHECKING:
-    from ckptbench.backends.s3.backend import S3Backend
+    from ckptbench.backends.s3.session import S3Session
 
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 # The CRT's part size for GETs (its own default): a 16 MiB range is two parts. With the
@@ -40,12 +40,12 @@ GET_PART = 8 << 20
 _TOTAL = re.compile(r"/(\d+)$")
 
 
-def make(backend: S3Backend) -> CrtTransport:
+def make(backend: S3Session) -> CrtTransport:
     return CrtTransport(backend)
 
 
 class CrtTransport:
-    def __init__(self, backend: S3Backend) -> None:
+    def __init__(self, backend: S3Session) -> None:
         o = backend.options
         if o.payload_signing == "on":
             raise BackendError(f"{backend.target}: --s3-transport crt sends UNSIGNED-PAYLOAD; "
@@ -82,7 +82,7 @@ class CrtTransport:
     def request(self, method: str, key: str, headers: list[tuple[str, str]],
                 body: Any = None) -> http.HttpRequest:
         h = http.HttpHeaders([("Host", self.addr.netloc), *headers])
-        return http.HttpRequest(method, self.addr.path(self.b._key(key)), h, body)
+        return http.HttpRequest(method, self.addr.path(self.b.object_key(key)), h, body)
 
     def fail(self, action: str, error: BaseException | None, status: int | None,
              body: bytes | None) -> BackendError:

@@ -35,7 +35,7 @@ from ckptbench.backends.s3.transport import credentials
 from ckptbench.errors import BackendError
 
 if TYPE_CHECKING:
-    from ckptbench.backends.s3.backend import S3Backend
+    from ckptbench.backends.s3.session import S3Session
 
 
 _CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
@@ -45,7 +45,7 @@ _state = {"used": False, "forked_after_use": False}
 os.register_at_fork(after_in_child=lambda: _state.update(forked_after_use=_state["used"]))
 
 
-def make(backend: S3Backend) -> ObstoreTransport:
+def make(backend: S3Session) -> ObstoreTransport:
     if _state["forked_after_use"]:
         raise BackendError(f"{backend.target}: --s3-transport obstore cannot run in a process "
                            "forked after obstore was used (its runtime does not survive a "
@@ -56,7 +56,7 @@ def make(backend: S3Backend) -> ObstoreTransport:
 
 
 class ObstoreTransport:
-    def __init__(self, backend: S3Backend) -> None:
+    def __init__(self, backend: S3Session) -> None:
         self.b = backend
         o = backend.options
         r = backend.clients.resolve()
@@ -107,7 +107,7 @@ class ObstoreTransport:
 
     def get(self, key: str, offset: int, length: int) -> Chunk:
         try:
-            res = obstore.get(self.store, self.b._key(key),
+            res = obstore.get(self.store, self.b.object_key(key),
                               options={"range": (offset, offset + length)})
             data = res.bytes()
         except Exception as exc:
@@ -128,7 +128,7 @@ class ObstoreWriter(WriteHandle):
         self.done = False
         part = t.b.part_size_for(size)
         try:
-            self.file = obstore.open_writer(t.store, t.b._key(key), buffer_size=part,
+            self.file = obstore.open_writer(t.store, t.b.object_key(key), buffer_size=part,
                                             max_concurrency=t.b.concurrency)
         except Exception as exc:
             raise t.fail(f"start the upload of {key}", exc) from None

@@ -17,7 +17,7 @@ from ckptbench.backends.s3.window import backing_off
 from ckptbench.errors import BackendError
 
 if TYPE_CHECKING:
-    from ckptbench.backends.s3.backend import S3Backend
+    from ckptbench.backends.s3.session import S3Session
 
 
 class _BodyCut(Exception):
@@ -29,11 +29,11 @@ class _BodyCut(Exception):
 
 
 class S3Reader(ReadHandle):
-    def __init__(self, backend: S3Backend, key: str) -> None:
+    def __init__(self, backend: S3Session, key: str) -> None:
         self.b = backend
         self.name = key
-        self.key = backend._key(key)
-        self.client = backend._client()
+        self.key = backend.object_key(key)
+        self.client = backend.client()
         self.pool: ThreadPoolExecutor | None = None
 
     def readinto(self, offset: int, buf: memoryview) -> int:
@@ -65,7 +65,7 @@ class S3Reader(ReadHandle):
         arrive. `size`, where given and empty, gets the object's size from the response's
         Content-Range."""
         b = self.b
-        window = b._proc().window
+        window = b.process().window
         for attempt in range(1, b.max_attempts + 1):
             try:
                 with b.calls(f"read {self.name}"):
@@ -73,10 +73,10 @@ class S3Reader(ReadHandle):
                                        b.max_attempts)
             except _BodyCut as cut:
                 if attempt >= b.max_attempts:
-                    b._proc().dead = True
+                    b.process().dead = True
                     raise b.error(cut.exc, f"read {self.name}") from None
-                b._proc().count("retries")
-                b._proc().count("retries_connection")
+                b.process().count("retries")
+                b.process().count("retries_connection")
                 window.congested()
                 backoff(attempt)
         raise AssertionError("unreachable")

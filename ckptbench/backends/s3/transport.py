@@ -21,7 +21,7 @@ from ckptbench.backends.base import ReadHandle, WriteHandle
 from ckptbench.errors import BackendError
 
 if TYPE_CHECKING:
-    from ckptbench.backends.s3.backend import S3Backend
+    from ckptbench.backends.s3.session import S3Session
 
 MODULES = {"crt": ("ckptbench.backends.s3.crt", "awscrt"),
            "obstore": ("ckptbench.backends.s3.obstore_io", "obstore")}
@@ -53,7 +53,7 @@ class Credentials:
         return "Credentials(<redacted>)"
 
 
-def credentials(backend: S3Backend) -> Credentials:
+def credentials(backend: S3Session) -> Credentials:
     """The current keys of boto3's standard chain (refreshed by boto3 where they expire)."""
     creds = backend.clients.session().get_credentials()
     if creds is None:
@@ -73,7 +73,7 @@ class Address:
     virtual_host: bool
 
     @classmethod
-    def of(cls, backend: S3Backend) -> Address:
+    def of(cls, backend: S3Session) -> Address:
         r = backend.clients.resolve()
         parts = urlsplit(r.endpoint)
         netloc = parts.hostname or ""
@@ -88,7 +88,7 @@ class Address:
         return f"/{quoted}" if self.virtual_host else f"/{self.bucket}/{quoted}"
 
 
-def transport_for(backend: S3Backend) -> Transport:
+def transport_for(backend: S3Session) -> Transport:
     """This process's transport for `backend` (made on first use)."""
     name = backend.options.transport
     proc = backend.clients.proc()
@@ -115,7 +115,7 @@ def _module(name: str, target: str) -> Any:
     return importlib.import_module(module)
 
 
-def transfer_details(backend: S3Backend) -> dict[str, Any]:
+def transfer_details(backend: S3Session) -> dict[str, Any]:
     """What the results record about the data path (and which retries it counts)."""
     name = backend.options.transport
     if name == "botocore":

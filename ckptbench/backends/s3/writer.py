@@ -20,7 +20,7 @@ from ckptbench.backends.s3.options import MIB
 from ckptbench.backends.s3.window import backing_off
 
 if TYPE_CHECKING:
-    from ckptbench.backends.s3.backend import S3Backend
+    from ckptbench.backends.s3.session import S3Session
 
 SPARE_BUFFERS = 512 * MIB  # spare part buffers kept per process, at most
 
@@ -51,10 +51,10 @@ def request_body(buf: bytearray | memoryview, n: int, zero_copy: bool) -> Any:
 
 
 class S3Writer(WriteHandle):
-    def __init__(self, backend: S3Backend, key: str, size: int) -> None:
+    def __init__(self, backend: S3Session, key: str, size: int) -> None:
         self.b = backend
         self.name = key
-        self.key = backend._key(key)
+        self.key = backend.object_key(key)
         self.size = size
         self.part_size = backend.part_size_for(size)
         self.multipart = size > self.part_size
@@ -67,7 +67,7 @@ class S3Writer(WriteHandle):
         self.pool: ThreadPoolExecutor | None = None
         self.upload_id: str | None = None
         self.done = False
-        self.client = backend._client()
+        self.client = backend.client()
         if self.multipart:
             extra = {"ChecksumAlgorithm": "CRC32"} if backend.checksum == "when_supported" else {}
             with backend.calls(f"start the upload of {key}"):
@@ -95,7 +95,7 @@ class S3Writer(WriteHandle):
                         view = view[want:]
                         continue
                     # sized to what this part will hold: sent whole, no second copy
-                    self.buf = take_buffer(self.b._proc(), self.part_size, want)
+                    self.buf = take_buffer(self.b.process(), self.part_size, want)
                     self.fill = 0
                 n = min(len(view), len(self.buf) - self.fill)
                 # Through a memoryview: bytearray slice assignment from a non-bytearray makes
@@ -154,7 +154,7 @@ class S3Writer(WriteHandle):
         try:
             with self.b.calls(f"upload part {number} of {self.name}"):
                 resp = backing_off(
-                    self.b._proc().window, lambda: self.client.upload_part(
+                    self.b.process().window, lambda: self.client.upload_part(
                         Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id,
                         PartNumber=number, Body=request_body(buf, n, self.b.zero_copy)),
                     self.b.max_attempts, lambda: self.done)
@@ -164,7 +164,7 @@ class S3Writer(WriteHandle):
             return part
         finally:
             if pooled:
-                give_buffer(self.b._proc(), self.part_size, cast(bytearray, buf))
+                give_buffer(self.b.process(), self.part_size, cast(bytearray, buf))
 
     def _put(self, body: Any) -> None:
         """The whole object in one PUT."""
@@ -193,7 +193,7 @@ class S3Writer(WriteHandle):
 
     def _free(self, wait: bool = True) -> None:
         if self.buf is not None:
-            give_buffer(self.b._proc(), self.part_size, self.buf)
+            give_buffer(self.b.process(), self.part_size, self.buf)
             self.buf = None
         if self.pool is not None:
             self.pool.shutdown(wait=wait, cancel_futures=True)
@@ -211,7 +211,7 @@ class S3Writer(WriteHandle):
         self.pending.clear()
         if self.upload_id and not self.done:
             with contextlib.suppress(Exception):  # best effort; remove_tree retries it
-                self.b._cleanup_client().abort_multipart_upload(
+                self.b.cleanup_client().abort_multipart_upload(
                     Bucket=self.b.bucket, Key=self.key, UploadId=self.upload_id)
             self.done = True
 

@@ -45,8 +45,9 @@ from ckptbench.formats.common import (
     chunk_tasks,
     manifest_name,
 )
+from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
-from ckptbench.formats.verify import check_object, describe_difference, object_digest
+from ckptbench.formats.verify import describe_difference, object_digest
 from ckptbench.formats.zarr.inflight import BufferPool, Countdown, by_nbytes, settle, still_running
 from ckptbench.formats.zarr.layout import ZarrLayout
 from ckptbench.formats.zarr.store import BackendStore
@@ -96,7 +97,7 @@ class ZarrFormat(FormatBase):
         self._arrays: dict[tuple[Any, ...], Any] = {}
         self._arrays_lock = threading.Lock()
         self._meta_keys: list[int] | None = None
-        self._manifest: tuple[str, dict[str, Any]] = ("", {})  # of the restore in progress
+        self._manifest = Manifest("", {})  # of the restore in progress
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """This thread's event loop for zarr's coroutines (the store answers inline)."""
@@ -302,8 +303,7 @@ class ZarrFormat(FormatBase):
         key = f"{ckpt}/{name}"
         self.store.size_hints[key] = 64 << 10
         data = self.store.read_all(key)
-        manifest_key, manifest = self._manifest
-        check_object(manifest_key, manifest, name, key, data)
+        self._manifest.check_object(name, key, data)
         assert data is not None
         return data
 
@@ -391,11 +391,11 @@ class ZarrFormat(FormatBase):
         return (f"chunk {key} at offsets {list(t.offsets)} (zarr {ckpt}/{shards[0]}): "
                 f"{describe_difference(got, want_b)}")
 
-    def restore(self, jobs: list[FileJob], manifest_key: str
-                ) -> tuple[list[ThreadResult], tuple[int, int]]:
+    def restore_files(self, jobs: list[FileJob], manifest_key: str
+                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
         self.group.barrier()
         manifest, (t0, t1) = self.read_manifest(manifest_key, jobs)
-        self._manifest = (manifest_key, manifest)
+        self._manifest = manifest
         expected = manifest["files"]
         self.store.size_hints.clear()
         self._arrays.clear()

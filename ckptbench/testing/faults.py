@@ -1,4 +1,5 @@
-"""Fault injection for tests: wrapper backends that tests pass in (never shipped code).
+"""Fault injection for tests: wrapper backends a test passes to the runner in place of
+the backend they wrap (any backend, a third party's included).
 
 A wrapper forwards everything to the backend it wraps and breaks one thing on purpose,
 the way zarr's LatencyStore wraps a store.
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptbench.backends import Backend, WriteHandle
+from ckptbench.backends.base import SharedFileWrites, unsupported
 
 
 class _DieAfterBytes:
@@ -48,8 +50,47 @@ class DyingBackend:
         return _DieAfterBytes(handle, self._budget) if self._dies_on(key) else handle
 
     def open_write_region(self, key: str, offset: int, size: int, file_size: int) -> Any:
+        if not isinstance(self._inner, SharedFileWrites):
+            raise unsupported(self._inner, "one file written by several ranks")
         handle = self._inner.open_write_region(key, offset, size, file_size)
         return _DieAfterBytes(handle, self._budget) if self._dies_on(f"{key}@{offset}") else handle
+
+
+class _PauseAfterBytes:
+    """A write handle that, once the budget is written, creates the flag file and then
+    blocks (a rank stuck in the middle of a save, for a signal or a node failure to end)."""
+
+    def __init__(self, inner: WriteHandle, budget: list[int], flag: str) -> None:
+        self._inner, self._budget, self._flag = inner, budget, flag
+
+    def write(self, data: memoryview) -> None:
+        self._inner.write(data)
+        self._budget[0] -= len(data)
+        if self._budget[0] <= 0:
+            with open(f"{self._flag}.{os.getpid()}", "x"):
+                pass
+            time.sleep(3600)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class PausingBackend:
+    """Writes to keys that `pauses_on` selects count against a byte budget; the write
+    that exhausts it creates `flag`.PID and blocks for an hour (the test waits for the
+    flag, then ends the run its own way)."""
+
+    def __init__(self, inner: Backend, pauses_on: Callable[[str], bool], after: int,
+                 flag: str) -> None:
+        self._inner, self._pauses_on, self._budget, self._flag = inner, pauses_on, [after], flag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def open_write(self, key: str, size: int) -> Any:
+        handle = self._inner.open_write(key, size)
+        return _PauseAfterBytes(handle, self._budget, self._flag) if self._pauses_on(key) \
+            else handle
 
 
 class _FullAfterBytes:

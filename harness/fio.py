@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptbench.testing.processes import ToolError, require_binary, run
+from harness.processes import ToolError, require_binary, run
 
 RW = ("write", "read")
 

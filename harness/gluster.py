@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptbench.backends.striping import gluster_shard_block_size
-from ckptbench.testing import processes
-from ckptbench.testing.processes import ToolError
+from harness import processes
+from harness.processes import ToolError
 
 GLUSTERD_PORT = 24007  # where bricks and clients ask glusterd (not configurable for bricks)
 BRICK_LOGS = Path("/var/log/glusterfs/bricks")

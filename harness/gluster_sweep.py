@@ -1,4 +1,4 @@
-"""`python -m ckptbench.testing.gluster_sweep DIR`: end what Gluster harnesses whose
+"""`python -m harness.gluster_sweep DIR`: end what Gluster harnesses whose
 directories are under DIR left behind, and nothing else.
 
 A harness ends its own processes (GlusterServer.stop, its finalizer, the test fixture's
@@ -12,7 +12,6 @@ outside DIR, are removed. Other Gluster servers on the machine are not touched.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -20,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from ckptbench.testing import processes
+from harness import processes
+from harness.processes import sweep_dir_argument
 
 GLUSTER_PROGRAMS = frozenset({"glusterd", "glusterfs", "glusterfsd"})
 
@@ -98,15 +98,10 @@ def sweep(under: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """End what Gluster harnesses under DIR left (mounts, processes, brick logs and
     sockets); exit 1 if a mount under DIR stays."""
-    ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster_sweep",
-                                 description=main.__doc__)
-    ap.add_argument("dir", type=Path)
-    args = ap.parse_args(argv)
-    if not args.dir.is_dir():
-        ap.error(f"dir: {args.dir} is not a directory")
-    for line in sweep(args.dir):
+    directory = sweep_dir_argument("python -m harness.gluster_sweep", main.__doc__, argv)
+    for line in sweep(directory):
         print(f"gluster_sweep: {line}", file=sys.stderr)
-    left = mounts_under(args.dir)
+    left = mounts_under(directory)
     if left:
         print(f"gluster_sweep: still mounted: {', '.join(left)}", file=sys.stderr)
     return 1 if left else 0

@@ -22,8 +22,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ckptbench.testing import processes
-from ckptbench.testing.processes import ToolError, find_binary, free_port
+from harness import processes
+from harness.processes import ToolError, find_binary, free_port
 
 HEALTH = "/minio/health/live"
 # Where MinIO moves deleted objects' files before it purges them (in bursts).

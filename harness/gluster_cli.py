@@ -1,4 +1,4 @@
-"""`python -m ckptbench.testing.gluster_cli [--shard 4MB] -- CMD ARGS`: a command run against
+"""`python -m harness.gluster_cli [--shard 4MB] -- CMD ARGS`: a command run against
 a fresh GlusterFS volume ({mount} in its arguments is the mount point), then all of it
 removed. For the side-by-side benchmarks on Gluster, and for trying a run by hand."""
 
@@ -8,14 +8,14 @@ import argparse
 import subprocess
 import sys
 
-from ckptbench.testing.gluster import GlusterServer, unavailable
+from harness.gluster import GlusterServer, unavailable
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ckptbench.testing.gluster_cli [--shard 4MB] -- CMD ARGS`: run CMD with a
+    """`python -m harness.gluster_cli [--shard 4MB] -- CMD ARGS`: run CMD with a
     fresh volume mounted ({mount} in ARGS is replaced by the mount point), then remove it
     all. E.g. `-- python benchmarks/vs_fio.py --dir {mount}/vs_fio --repeat 3`."""
-    ap = argparse.ArgumentParser(prog="python -m ckptbench.testing.gluster_cli",
+    ap = argparse.ArgumentParser(prog="python -m harness.gluster_cli",
                                  description=main.__doc__)
     ap.add_argument("--bricks", type=int, default=2)
     ap.add_argument("--shard", default=None,

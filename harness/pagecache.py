@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from ckptbench.testing.processes import ToolError
+from harness.processes import ToolError
 
 
 class _CachestatRange(ctypes.Structure):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptbench.testing.processes import ToolError, require_binary, run
+from harness.processes import ToolError, require_binary, run
 
 _REPORT = re.compile(r"Report:\s*(PUT|GET)\..*?Ran:\s*([\dhms.]+).*?\*\s*Average:\s*([\d.]+)\s*"
                      r"(KiB|MiB|GiB)/s", re.DOTALL)

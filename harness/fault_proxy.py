@@ -1,6 +1,7 @@
 """A fault-injecting HTTP proxy in front of a real S3 endpoint: real retries against the
-real server behind it (503 SlowDown, 500, a reset connection, a cut-off body), chosen per
-request, everything else forwarded unchanged."""
+real server behind it (503 SlowDown, 500, a reset connection, a cut-off body, a server
+that freezes at a chosen request), chosen per request, everything else forwarded
+unchanged."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptbench.testing.minio import Loopback
+from harness.minio import Loopback
 
 _ERRORS = {
     "503": (503, "Service Unavailable", "SlowDown", "Please reduce your request rate."),
@@ -21,7 +22,7 @@ _ERRORS = {
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
-FAULTS = ("503", "500", "reset", "truncate")
+FAULTS = ("503", "500", "reset", "truncate", "freeze")
 
 
 class FaultProxy(Loopback):
@@ -30,7 +31,11 @@ class FaultProxy(Loopback):
     Requests that `match(method, path)` consume the queued `faults` one each, in order:
     ``"503"`` answers SlowDown, ``"500"`` InternalError, ``"reset"`` reads the request and
     resets the connection without an answer, ``"truncate"`` forwards, then sends half the
-    response body and resets. Everything else is forwarded unchanged (the Host header is
+    response body and resets, ``"freeze"`` stops answering from that request on: it and
+    every later one (new connections are still accepted, as a SIGSTOPped server's kernel
+    does) wait unanswered until :meth:`thaw`, then are reset, never forwarded. Unlike a
+    SIGSTOP, nothing sent while frozen reaches the server later, so what the server holds
+    is fixed at the freeze. Everything else is forwarded unchanged (the Host header is
     kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
     """
 
@@ -46,6 +51,8 @@ class FaultProxy(Loopback):
         self.injected: list[tuple[str, str, str]] = []
         self.user_agents: list[str] = []  # of every request, in order
         self.forwarded = 0
+        self.frozen = threading.Event()
+        self.thawed = threading.Event()
         self.lock = threading.Lock()
         self.server = _ProxyServer(self)
         self.port = int(self.server.server_address[1])
@@ -61,11 +68,23 @@ class FaultProxy(Loopback):
             self.injected.append((fault, method, path))
             return fault
 
+    def thaw(self) -> None:
+        """Reset every request held since the freeze (none of them reaches the server)."""
+        self.thawed.set()
+
+    def hold_if_frozen(self) -> bool:
+        """While frozen, wait for the thaw; whether the request is to be reset."""
+        if not self.frozen.is_set():
+            return False
+        self.thawed.wait()
+        return True
+
     def start(self) -> FaultProxy:
         self.thread.start()
         return self
 
     def stop(self) -> None:
+        self.thaw()
         self.server.shutdown()
         self.server.server_close()
 
@@ -134,7 +153,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault in _ERRORS:
             self._error(fault)
             return
-        if fault == "reset":
+        if fault == "freeze":
+            proxy.frozen.set()
+        if fault == "reset" or proxy.hold_if_frozen():
             self._reset()
             return
         conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
@@ -145,6 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
             data = resp.read()
             with proxy.lock:
                 proxy.forwarded += 1
+            if proxy.hold_if_frozen():  # answered after the freeze: never seen by the client
+                self._reset()
+                return
             self.send_response_only(resp.status, resp.reason)
             for k, v in resp.getheaders():
                 if k.lower() not in _HOP and k.lower() != "content-length":

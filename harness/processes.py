@@ -155,3 +155,17 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
         stop(proc, timeout=5.0)
         raise
     return Finished(proc.returncode, out, err, _children_cpu() - cpu0)
+
+
+def sweep_dir_argument(prog: str, doc: str | None, argv: list[str] | None) -> Path:
+    """The DIR of a harness's sweep command line (`python -m harness.X DIR`): an existing
+    directory, or a usage error."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description=doc)
+    ap.add_argument("dir", type=Path)
+    args = ap.parse_args(argv)
+    if not args.dir.is_dir():
+        ap.error(f"dir: {args.dir} is not a directory")
+    directory: Path = args.dir
+    return directory

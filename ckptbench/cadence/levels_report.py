@@ -1,0 +1,105 @@
+"""The multi-level cadence of a tiered run, as `report` shows it: a table of the levels
+with the optimum schedule, and the figure of efficiency against each level's interval.
+
+A tiered run (``run --tiers``) measures each level's blocking save and restart
+(``report.tiers``' ``tier_levels``); with failure classes and the job's GPUs (``report
+--failure-preset CLASSES --gpus N``) the model (``cadence.multilevel``) gives the schedule
+that maximizes efficiency, as ``ckptbench levels --tiers-results`` does. The levels are the
+run's own, at the run's size: the job model does not scale them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ckptbench.cadence import classes as fc
+from ckptbench.cadence import multilevel as ml
+from ckptbench.cadence.levels_job import LevelsJob, describe, levels_job, optimum_marks
+from ckptbench.report import levels_figures
+from ckptbench.report.figures import Picture, png
+from ckptbench.report.table import Column, Grid
+from ckptbench.report.tiers import LEVELS
+from ckptbench.units import format_duration
+
+
+def levels_figure(job: LevelsJob, result: ml.LevelsAnswer) -> Any:
+    """Efficiency against each level's interval, the optimum starred (a matplotlib figure)."""
+    best, alone = result.best, result.last_level_only
+    title = (f"{job.gpus} GPUs: {describe(best, job.levels)}\n"
+             f"efficiency {100 * best.efficiency:.2f} % (stars: optimum)")
+    return levels_figures.interval_curves(
+        ml.level_curves(job.levels, job.rates, best), optimum_marks(job, best),
+        (job.levels[-1].name, alone.schedule.compute_s, alone.efficiency)
+        if len(job.levels) > 1 else None, title)
+
+
+def run_levels(view: dict[str, Any]) -> list[str] | None:
+    """The levels a run's tier summaries hold (None: not a tiered run)."""
+    found = next((r for r in view.get("tiers", []) if r.get("type") == LEVELS), None)
+    return [str(lv) for lv in found["levels"]] if found and found.get("levels") else None
+
+
+def levels_answer(texts: Sequence[str], preset: str, gpus: int
+                  ) -> tuple[LevelsJob, ml.LevelsAnswer] | None:
+    """The job and the model's answer for a run's levels (None: `preset` has no failure
+    classes with scopes)."""
+    if preset not in fc.CLASS_PRESETS:
+        return None
+    job = levels_job(texts, fc.CLASS_PRESETS[preset][1], gpus, 8)
+    return job, ml.answer(job.levels, job.rates, None, job.alone)
+
+
+def levels_grid(label: str, preset: str, job: LevelsJob, result: ml.LevelsAnswer) -> Grid:
+    """One row per level: what it costs, what it survives, how often it is needed, and its
+    interval at the optimum."""
+    marks = optimum_marks(job, result.best)
+    rows = tuple((lv.name, format_duration(lv.save_s), format_duration(lv.restore_s),
+                  format_duration(restart), scope, f"{rate * 86400:.3g}",
+                  format_duration(marks[lv.name][0]))
+                 for lv, scope, rate, restart in zip(job.levels, job.scopes, job.rates,
+                                                     job.restart_s, strict=True))
+    best, alone = result.best, result.last_level_only
+    notes = [f"optimum: {describe(best, job.levels)}: efficiency {100 * best.efficiency:.2f} %"]
+    if len(job.levels) > 1:
+        notes.append(f"{job.levels[-1].name} alone: every "
+                     f"{format_duration(alone.schedule.compute_s)}: efficiency "
+                     f"{100 * alone.efficiency:.2f} %")
+    notes.append(f"failure classes {preset} at {job.gpus} GPUs; the levels as this run "
+                 "measured them (not scaled to the job); restarts by the default mechanisms "
+                 "(`ckptbench levels --tiers-results` to change them).")
+    return Grid(f"{label}: multi-level cadence", (
+        Column("level", key=True, numeric=False), Column("save"), Column("restart + restore"),
+        Column("of it restart"), Column("survives", numeric=False), Column("needed per day"),
+        Column("interval at optimum")), rows, tuple(notes))
+
+
+@dataclass(frozen=True)
+class TierCadence:
+    """One tiered run's multi-level cadence: its table, and its figure when drawn."""
+
+    grid: Grid
+    job: LevelsJob
+    result: ml.LevelsAnswer
+
+    def picture(self, name: str) -> Picture:
+        fig = levels_figure(self.job, self.result)
+        return Picture(name, "Multi-level cadence", "Efficiency against each level's interval "
+                       "(the compute between two of its checkpoints); stars: the optimum "
+                       "schedule, the hollow circle: the last level alone.", png(fig))
+
+
+def tier_cadences(views: Sequence[dict[str, Any]], preset: str, gpus: int | None
+                  ) -> list[TierCadence]:
+    """The cadence of every tiered run among `views` (none when `preset` has no classes);
+    `gpus`: the job's, or (None) each run's plan's world size."""
+    out = []
+    for view in views:
+        texts = run_levels(view)
+        size = gpus or int(view.get("run", {}).get("plan", {}).get("world_size", 0))
+        answer = levels_answer(texts, preset, size) if texts and size > 0 else None
+        if answer is not None:
+            label = str(view.get("run", {}).get("run_id") or view.get("path", "run"))
+            out.append(TierCadence(levels_grid(label, preset, *answer), *answer))
+    return out

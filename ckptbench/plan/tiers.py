@@ -1,0 +1,137 @@
+"""Where each checkpoint copy lives: nodes, peer placement, what survives a failure.
+
+Pure arithmetic on a TiersSpec and the run's processes. A node is a group of
+``ranks_per_node`` processes (nodes emulated on one host) or one of the launcher's hosts.
+Each node's copy is replicated to ``k`` other nodes:
+
+ring    node n -> nodes n+1 .. n+k (mod N), as Gemini places its replicas
+clique  nodes in groups of k+1 (N divisible by k+1); each node -> the others of its group,
+        as NVIDIA's resiliency extension's clique replication does
+
+A process's replica on node m is held by the process with the same position on m (nodes
+have equal process counts when a peer tier is used), so every shard's replica has one
+named holder and a restore knows whom to ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ckptbench.errors import SpecError
+from ckptbench.tierspec import TiersSpec
+
+HELD_COPIES = 2  # the newest checkpoint and the one before it while the newest is written
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """The tiers of one run, placed: node of each process and the replica nodes of each
+    node (empty without a peer tier)."""
+
+    spec: TiersSpec
+    node_of: tuple[int, ...]  # process -> node
+    replicas: tuple[tuple[int, ...], ...]  # node -> the nodes holding its copies
+    node_source: str  # "ranks_per_node=N" or "launcher hosts"
+
+    @property
+    def nodes(self) -> int:
+        return len(self.replicas)
+
+    def processes_on(self, node: int) -> list[int]:
+        return [p for p, n in enumerate(self.node_of) if n == node]
+
+    def position(self, proc: int) -> int:
+        """The process's index among its node's processes."""
+        return self.processes_on(self.node_of[proc]).index(proc)
+
+    def holders(self, proc: int) -> list[int]:
+        """The processes holding `proc`'s peer replicas, in placement order."""
+        pos = self.position(proc)
+        return [self.processes_on(m)[pos] for m in self.replicas[self.node_of[proc]]]
+
+    def held_for(self, proc: int) -> list[int]:
+        """The processes whose replicas `proc` holds."""
+        return [p for p in range(len(self.node_of)) if proc in self.holders(p)]
+
+    def stores(self, iteration: int) -> bool:
+        """Whether checkpoint `iteration` (1-based) is also saved to storage."""
+        return self.spec.has("storage") and iteration % self.spec.storage_every == 0
+
+    def serving_tier(self, proc: int, lost: Iterable[int]) -> tuple[str, int] | None:
+        """Which copy of `proc`'s shard a restart reads when nodes `lost` are gone: its
+        own node's memory copy ("memory", proc), a surviving replica ("peer", holder),
+        else None (storage or nothing: the caller decides)."""
+        gone = set(lost)
+        if self.spec.has("memory") and self.node_of[proc] not in gone:
+            return "memory", proc
+        if self.spec.has("peer"):
+            for holder in self.holders(proc):
+                if self.node_of[holder] not in gone:
+                    return "peer", holder
+        return None
+
+    def held_bytes(self, proc_bytes: list[int]) -> list[int]:
+        """Per node: the tier bytes it holds at most (own copies and the replicas it keeps,
+        HELD_COPIES checkpoints each)."""
+        out = [0] * self.nodes
+        for p, n in enumerate(self.node_of):
+            if self.spec.has("memory"):
+                out[n] += proc_bytes[p] * HELD_COPIES
+            if self.spec.has("peer"):
+                for h in self.holders(p):
+                    out[self.node_of[h]] += proc_bytes[p] * HELD_COPIES
+        return out
+
+
+def _nodes_of(spec: TiersSpec, hosts: list[str]) -> tuple[tuple[int, ...], str]:
+    if spec.ranks_per_node:
+        if len(hosts) % spec.ranks_per_node:
+            raise SpecError(f"--ranks-per-node {spec.ranks_per_node} does not divide the run's "
+                            f"{len(hosts)} processes; allowed: a divisor of {len(hosts)}")
+        return (tuple(p // spec.ranks_per_node for p in range(len(hosts))),
+                f"ranks_per_node={spec.ranks_per_node}")
+    index: dict[str, int] = {}
+    return tuple(index.setdefault(h, len(index)) for h in hosts), "launcher hosts"
+
+
+def _replicas(spec: TiersSpec, nodes: int) -> tuple[tuple[int, ...], ...]:
+    k = spec.peer_replicas
+    if k >= nodes:
+        raise SpecError(f"--peer-replicas {k} needs more than {k} nodes (replicas live on other "
+                        f"nodes), the run has {nodes}; allowed: 1 to {nodes - 1}, or more nodes "
+                        "(--ranks-per-node)" if nodes > 1 else
+                        f"--peer-replicas {k}: the run has 1 node, so a replica would be on the "
+                        "same node; allowed: 2 or more nodes (--ranks-per-node, or more hosts)")
+    if spec.placement == "ring":
+        return tuple(tuple((n + i) % nodes for i in range(1, k + 1)) for n in range(nodes))
+    size = k + 1
+    if nodes % size:
+        raise SpecError(f"--peer-placement clique: cliques of --peer-replicas {k} + 1 = {size} "
+                        f"nodes do not divide the run's {nodes} nodes; allowed: a replica count "
+                        "k with nodes divisible by k + 1, or --peer-placement ring")
+    return tuple(tuple(m for m in range(n - n % size, n - n % size + size) if m != n)
+                 for n in range(nodes))
+
+
+def plan_tiers(spec: TiersSpec, hosts: list[str]) -> TierPlan | None:
+    """The placement for processes on `hosts` (one entry per process); None without
+    tiers. A spec the run cannot place is one line naming the option."""
+    if not spec.enabled:
+        return None
+    node_of, source = _nodes_of(spec, hosts)
+    nodes = max(node_of) + 1 if node_of else 0
+    replicas: tuple[tuple[int, ...], ...] = tuple(() for _ in range(nodes))
+    if spec.has("peer"):
+        counts = {node_of.count(n) for n in range(nodes)}
+        if len(counts) > 1:
+            raise SpecError(f"--tiers peer: nodes hold {sorted(counts)} processes; a replica's "
+                            "holder is the process at the same place on another node; allowed: "
+                            "the same number of processes on every node")
+        replicas = _replicas(spec, nodes)
+    plan = TierPlan(spec, node_of, replicas, source)
+    for n, nodes_of_n in enumerate(plan.replicas):  # the placement's own promise, checked
+        if n in nodes_of_n or len(set(nodes_of_n)) != len(nodes_of_n):
+            raise SpecError(f"--peer-placement {spec.placement}: node {n} would hold its own "
+                            "replica; allowed: replicas on other nodes")
+    return plan

@@ -1,0 +1,174 @@
+"""The peer tier's transport: TCP sockets between the run's processes.
+
+Every process serves the replicas it holds: a sender's shard arrives by ``recv_into`` the
+mapping of the replica's file in the holder's node directory (runner.tier_store: written
+as a part, renamed when complete), and a restarted process fetches it back the same way
+into its new memory. The plain transfer that a replication is compared with sends the
+same bytes to the same process over the same kind of connection into a reused buffer.
+
+One request per connection, a fixed header: op, source process, checkpoint, bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ckptbench.runner.tier_store import PreparedCopy, copy_name
+
+HEADER = struct.Struct("!BIIQ")  # op, source process, checkpoint, bytes
+PUT, GET, SINK, SOURCE = 1, 2, 3, 4
+MISSING = (1 << 64) - 1
+CHUNK = 4 << 20
+TIMEOUT_S = 600.0
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:], min(CHUNK, len(view) - got))
+        if n == 0:
+            raise ConnectionError(f"the peer closed the connection after {got} of "
+                                  f"{len(view)} bytes")
+        got += n
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _recv_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+class PeerServer:
+    """This process's holder side: replicas in, replicas out, plain transfers discarded."""
+
+    def __init__(self, directory: Path, bind: str = "127.0.0.1") -> None:
+        self.directory = directory
+        self.sock = socket.create_server((bind, 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[Path] = []  # every replica written (removed by name at the end)
+        self.errors: list[str] = []
+        self.prepared: dict[tuple[int, int], PreparedCopy] = {}
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, name="peer-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(TIMEOUT_S)
+                op, src, it, nbytes = HEADER.unpack(_recv_exact(conn, HEADER.size))
+                if op == PUT:
+                    self._put(conn, src, it, nbytes)
+                elif op == GET:
+                    self._get(conn, src, it)
+                elif op == SINK:
+                    left = nbytes
+                    sink = np.empty(CHUNK, dtype=np.uint8).data
+                    while left:
+                        n = min(left, CHUNK)
+                        _recv_into(conn, sink[:n])
+                        left -= n
+                    conn.sendall(b"\1")
+                elif op == SOURCE:
+                    data = np.zeros(nbytes, dtype=np.uint8)
+                    conn.sendall(struct.pack("!Q", nbytes))
+                    conn.sendall(data.data)
+            except (OSError, struct.error, ConnectionError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def path(self, src: int, it: int) -> Path:
+        return self.directory / copy_name(src, it, replica=True)
+
+    def prepare(self, src: int, it: int, nbytes: int) -> None:
+        """src's replica of checkpoint `it` allocated ahead (off the clock)."""
+        path = self.path(src, it)
+        with self._lock:
+            self.held.append(path)
+            self.prepared[(src, it)] = PreparedCopy(path, nbytes)
+
+    def _put(self, conn: socket.socket, src: int, it: int, nbytes: int) -> None:
+        with self._lock:
+            copy = self.prepared.pop((src, it), None)
+            if copy is None:
+                self.held.append(self.path(src, it))
+        copy = copy or PreparedCopy(self.path(src, it), nbytes)
+        try:
+            if copy.view.nbytes != nbytes:
+                raise ConnectionError(f"a replica of {nbytes} bytes for a shard of "
+                                      f"{copy.view.nbytes}")
+            _recv_into(conn, copy.view.data)
+            copy.commit()  # held only once every byte is in
+        except BaseException:
+            copy.abandon()
+            raise
+        try:
+            conn.sendall(b"\1")
+        finally:
+            copy.release()
+
+    def _get(self, conn: socket.socket, src: int, it: int) -> None:
+        path = self.path(src, it)
+        if not path.is_file():
+            conn.sendall(struct.pack("!Q", MISSING))
+            return
+        with open(path, "rb", buffering=0) as f:
+            conn.sendall(struct.pack("!Q", os.fstat(f.fileno()).st_size))
+            conn.sendfile(f)
+
+    def close(self) -> None:
+        for copy in self.prepared.values():
+            copy.abandon()
+        self.prepared.clear()
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def _connect(address: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(address, timeout=TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def send(address: tuple[str, int], op: int, src: int, it: int, data: np.ndarray) -> None:
+    """`data` to the holder at `address` (PUT: kept as src's replica; SINK: discarded);
+    returns once the holder has every byte (its acknowledgement)."""
+    with _connect(address) as sock:
+        sock.sendall(HEADER.pack(op, src, it, data.nbytes))
+        sock.sendall(data.data)
+        if _recv_exact(sock, 1) != b"\1":
+            raise ConnectionError("the holder did not acknowledge the replica")
+
+
+def fetch(address: tuple[str, int], src: int, it: int, out: np.ndarray,
+          op: int = GET) -> bool:
+    """src's replica of checkpoint `it` from the holder at `address` into `out` (GET;
+    SOURCE: as many bytes the holder makes up, the plain transfer); False when the holder
+    has none."""
+    with _connect(address) as sock:
+        sock.sendall(HEADER.pack(op, src, it, out.nbytes))
+        (nbytes,) = struct.unpack("!Q", _recv_exact(sock, 8))
+        if nbytes == MISSING:
+            return False
+        if nbytes != out.nbytes:
+            raise ConnectionError(f"the holder's replica has {nbytes} bytes, the shard "
+                                  f"{out.nbytes}")
+        _recv_into(sock, out.data)
+        return True

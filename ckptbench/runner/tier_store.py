@@ -1,0 +1,179 @@
+"""The memory tier's copies: files in node-local shared memory that outlive the process.
+
+A training process that crashes loses its own memory, not the node's tmpfs: a copy in
+``/dev/shm`` (or ``--memory-dir``) is still there for the restarted process, as the node
+copies of Gemini and NVIDIA's local checkpointing are. Layout, all created by the run and
+removed by name:
+
+  <memory_dir>/ckptbench-<run id>/node<N>/p<P>-ckpt<I>.bin          process P's own copy
+  <memory_dir>/ckptbench-<run id>/node<N>/replica-p<P>-ckpt<I>.bin  a peer's replica of P
+
+A copy is written under ``<name>.part`` and renamed once complete: a checkpoint in flight
+(a node killed mid-write) is never taken for a held one. Writing into the file's mapping
+(replicas arrive by ``recv_into`` it) keeps the bytes to one copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from ckptbench.errors import SpecError
+from ckptbench.plan.tiers import TierPlan
+from ckptbench.units import format_size
+
+RUN_DIR_PREFIX = "ckptbench-"
+
+
+def run_dir(memory_dir: str, run_id: str) -> Path:
+    return Path(memory_dir) / f"{RUN_DIR_PREFIX}{run_id}"
+
+
+def node_dir(memory_dir: str, run_id: str, node: int) -> Path:
+    return run_dir(memory_dir, run_id) / f"node{node}"
+
+
+def copy_name(proc: int, it: int, replica: bool = False) -> str:
+    return f"{'replica-' if replica else ''}p{proc}-ckpt{it}.bin"
+
+
+def make_dirs(memory_dir: str, run_id: str, node: int) -> None:
+    """The run's directory (shared by the nodes of one host) and this node's."""
+    run = run_dir(memory_dir, run_id)
+    run.mkdir(mode=0o700, exist_ok=True)
+    node_dir(memory_dir, run_id, node).mkdir(mode=0o700, exist_ok=True)
+
+
+def open_copy(path: Path, nbytes: int) -> tuple[int, mmap.mmap | None]:
+    """A new `<path>.part` of `nbytes`, mapped for writing (None for 0 bytes)."""
+    part = path.with_name(path.name + ".part")
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        return fd, mmap.mmap(fd, nbytes) if nbytes else None
+    except BaseException:
+        os.close(fd)
+        part.unlink(missing_ok=True)
+        raise
+
+
+def abandon_copy(path: Path, fd: int, mapped: mmap.mmap | None) -> None:
+    """A copy that did not complete: its part removed (never held). A view into the map
+    that a failed receive's traceback still holds keeps it open until that goes."""
+    if mapped is not None:
+        with contextlib.suppress(BufferError):
+            mapped.close()
+    os.close(fd)
+    path.with_name(path.name + ".part").unlink(missing_ok=True)
+
+
+class PreparedCopy:
+    """A copy's file made and its pages allocated ahead (off the clock, as the pinned host
+    buffers of local checkpointing are allocated once), so the timed part is the copy."""
+
+    def __init__(self, path: Path, nbytes: int) -> None:
+        self.path = path
+        self.fd, self.mapped = open_copy(path, nbytes)
+        self.view = (np.frombuffer(self.mapped, dtype=np.uint8) if self.mapped is not None
+                     else np.empty(0, dtype=np.uint8))
+        self.view.fill(0)
+
+    def fill(self, data: np.ndarray) -> None:
+        """`data` copied in and held (the part removed when that fails); the mapping
+        stays until :meth:`release` (unmapping is bookkeeping, not the copy)."""
+        try:
+            np.copyto(self.view, data)
+            self.commit()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def commit(self) -> None:
+        """Held: renamed to its name (tmpfs pages need no flush: the bytes are there)."""
+        os.rename(self.path.with_name(self.path.name + ".part"), self.path)
+
+    def release(self) -> None:
+        """The view released, the file unmapped and closed (after the timed part)."""
+        self.view = np.empty(0, dtype=np.uint8)
+        if self.mapped is not None:
+            self.mapped.close()
+        os.close(self.fd)
+
+    def abandon(self) -> None:
+        self.view = np.empty(0, dtype=np.uint8)
+        abandon_copy(self.path, self.fd, self.mapped)
+
+
+def write_copy(path: Path, data: np.ndarray) -> None:
+    """`data` (uint8) as the held copy at `path`: one copy into the file's mapping."""
+    copy = PreparedCopy(path, data.nbytes)
+    copy.fill(data)
+    copy.release()
+
+
+def read_copy(path: Path, out: np.ndarray) -> None:
+    """A held copy read into `out` (a restarted process's state, allocated before)."""
+    with open(path, "rb", buffering=0) as f:
+        got = f.readinto(out.data)
+        size = os.fstat(f.fileno()).st_size
+    if got != out.nbytes or size != out.nbytes:
+        raise OSError(f"{path}: {size} bytes, the shard has {out.nbytes}")
+
+
+def remove_names(paths: list[Path]) -> None:
+    """Remove exactly these copies (and parts left by a failed write)."""
+    for p in paths:
+        p.unlink(missing_ok=True)
+        p.with_name(p.name + ".part").unlink(missing_ok=True)
+
+
+def remove_dirs(memory_dir: str, run_id: str, nodes: list[int]) -> None:
+    """The run's directories, once empty (a directory with anything else stays)."""
+    for n in nodes:
+        with contextlib.suppress(OSError):
+            node_dir(memory_dir, run_id, n).rmdir()
+    with contextlib.suppress(OSError):
+        run_dir(memory_dir, run_id).rmdir()
+
+
+def free_bytes(memory_dir: str) -> int:
+    st = os.statvfs(memory_dir)
+    return st.f_bavail * st.f_frsize
+
+
+def check_memory(tplan: TierPlan, proc_bytes: list[int], hosts: list[str],
+                 free: int | None = None) -> None:
+    """Before anything starts: the copies each node holds fit --memory-budget, and the
+    nodes of each host fit what --memory-dir has free; one line naming the option."""
+    spec = tplan.spec
+    if not (spec.has("memory") or spec.has("peer")):
+        return
+    where = Path(spec.memory_dir)
+    if not where.is_dir():
+        raise SpecError(f"--memory-dir {spec.memory_dir}: not a directory; allowed: an existing "
+                        "directory on node-local shared memory or tmpfs (default /dev/shm)")
+    held = tplan.held_bytes(proc_bytes)
+    free = free_bytes(spec.memory_dir) if free is None else free
+    budget = spec.memory_budget or free
+    busiest = max(range(len(held)), key=held.__getitem__)
+    if held[busiest] > budget:
+        given = (f"--memory-budget {format_size(spec.memory_budget)}" if spec.memory_budget else
+                 f"--memory-budget (default: the {format_size(free)} --memory-dir "
+                 f"{spec.memory_dir} has free)")
+        raise SpecError(f"{given}: node {busiest} would hold {format_size(held[busiest])} "
+                        f"(its copies and the replicas it keeps, 2 checkpoints each); allowed: "
+                        "a larger --memory-budget, fewer --peer-replicas, a larger --scale")
+    per_host: dict[str, int] = defaultdict(int)
+    node_host = {tplan.node_of[p]: h for p, h in enumerate(hosts)}
+    for n, h in node_host.items():
+        per_host[h] += held[n]
+    host = max(per_host, key=lambda h: per_host[h])
+    if per_host[host] > free:
+        raise SpecError(f"--memory-dir {spec.memory_dir}: the nodes on host {host} would hold "
+                        f"{format_size(per_host[host])}, it has {format_size(free)} free; "
+                        "allowed: a larger --scale, fewer --peer-replicas or nodes per host")

@@ -1,0 +1,270 @@
+"""Recovery tiers end to end (issue 32): real processes, node-local copies in /dev/shm,
+replicas over TCP between the processes, storage every N-th checkpoint; the process and
+node restarts read them back and verify every byte; under mpirun too. The copies outlive
+the process that wrote them, a replica cut off in flight is never held, and a byte changed
+in a replica is found and named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_mpi import TINY, local, mpirun, needs_mpi, records
+
+from ckptbench.payload import digest
+from ckptbench.runner.tier_peer import HEADER, PUT, PeerServer, fetch, send
+from ckptbench.runner.tier_store import copy_name, read_copy
+from ckptbench.runner.tiers import first_mismatch
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def memory_dir() -> Iterator[Path]:
+    """A directory of its own in /dev/shm: what a run leaves there is the test's to see."""
+    path = Path(tempfile.mkdtemp(prefix="ckptbench-test-", dir=SHM if SHM.is_dir() else None))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def tiered(tmp_path: Path, memory_dir: Path, *args: str, mpi: int = 0
+           ) -> list[dict]:
+    results = tmp_path / "r.jsonl"
+    common = (str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
+              "--memory-dir", str(memory_dir), *args)
+    proc, _ = mpirun(mpi, *common) if mpi else local(*common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return records(results)
+
+
+def test_every_tier_written_and_every_restart_verified(tmp_path: Path, memory_dir: Path
+                                                       ) -> None:
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
+                  "2", "--iterations", "4", "--storage-every", "2")
+    tiers = [r for r in recs if r["type"] == "tier"]
+    assert {r["iteration"] for r in tiers if r["tier"] == "memory"} == {1, 2, 3, 4}
+    assert {r["iteration"] for r in tiers if r["tier"] == "peer"} == {1, 2, 3, 4}
+    assert all(r["bytes"] > 0 and r["blocking_s"] > 0 and r["baseline_s"] > 0 for r in tiers)
+    peer = [r for r in tiers if r["tier"] == "peer"]
+    assert all(r["transport"] == "tcp-loopback" for r in peer)
+    # ring over 2 nodes of 2: process p's replica is on the other node, same place
+    assert {r["process"]: r["holders"] for r in peer} == {0: [2], 1: [3], 2: [0], 3: [1]}
+    saves = sorted(r["iteration"] for r in recs if r["type"] == "phase" and r["phase"] == "save")
+    assert saves == [2, 4]  # storage every 2nd checkpoint
+    restores = [r for r in recs if r["type"] == "tier_restore"]
+    served = {(r["scenario"], r["process"]): (r["tier"], r["from_node"]) for r in restores}
+    assert served == {("process", 0): ("memory", 0), ("process", 1): ("memory", 0),
+                      ("process", 2): ("memory", 1), ("process", 3): ("memory", 1),
+                      ("node", 0): ("memory", 0), ("node", 1): ("memory", 0),
+                      ("node", 2): ("peer", 0), ("node", 3): ("peer", 0)}
+    assert all(r["verified"] and r["iteration"] == 4 for r in restores)
+    summary = {(r["type"], r.get("tier") or r.get("scenario")): r for r in recs
+               if r["type"] in ("tier_summary", "tier_restore_summary")}
+    assert set(summary) == {("tier_summary", "memory"), ("tier_summary", "peer"),
+                            ("tier_restore_summary", "process"),
+                            ("tier_restore_summary", "node"),
+                            ("tier_restore_summary", "storage")}
+    assert summary["tier_restore_summary", "node"]["served"] == {"memory": 2, "peer": 2}
+    assert not list(memory_dir.iterdir())  # every copy removed by name, directories too
+    # the levels as measured feed the multi-level cadence
+    (levels,) = [r["levels"] for r in recs if r["type"] == "tier_levels"]
+    assert [lv.split(":")[0] for lv in levels] == ["memory", "peer", "storage"]
+    assert [lv.split(":")[3] for lv in levels] == ["process", "node", "job"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
+                          str(tmp_path / "r.jsonl"), "--failure-classes", "llama3", "--gpus",
+                          "1024"], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[:3]] == levels_names(levels)
+
+
+def levels_names(levels: list[str]) -> list[str]:
+    return [lv.split(":")[0] for lv in levels]
+
+
+def test_cliques_and_two_replicas_on_four_nodes(tmp_path: Path, memory_dir: Path) -> None:
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer", "--ranks-per-node", "1",
+                  "--peer-replicas", "1", "--peer-placement", "clique", "--iterations", "3")
+    peer = {r["process"]: r["holders"] for r in recs if r["type"] == "tier"
+            and r["tier"] == "peer"}
+    assert peer == {0: [1], 1: [0], 2: [3], 3: [2]}
+    assert not any(r["type"] == "phase" for r in recs)  # no storage tier: no save
+    node = {r["process"]: r["from_process"] for r in recs
+            if r["type"] == "tier_restore" and r["scenario"] == "node"}
+    assert node == {0: 0, 1: 1, 2: 2, 3: 2}  # node 3 replaced: its clique partner serves
+    recs = tiered(tmp_path / "b", memory_dir, "--tiers", "peer", "--ranks-per-node", "1",
+                  "--peer-replicas", "2", "--iterations", "1")
+    restores = [r for r in recs if r["type"] == "tier_restore"]
+    assert {r["tier"] for r in restores} == {"peer"}  # no memory tier: peers serve all
+    assert not list(memory_dir.iterdir())
+
+
+def test_tier_options_in_a_run_table_are_recorded_and_replayed(tmp_path: Path,
+                                                               memory_dir: Path) -> None:
+    """The tier options are run options: a [run] table sets them over the workload's
+    [tiers], the results file records them, and --replay runs the same tiers again."""
+    workload = tmp_path / "w.toml"
+    workload.write_text(TINY.read_text() + "\n[tiers]\nuse = ['memory', 'peer', 'storage']\n"
+                        f"ranks_per_node = 2\n[run]\nstorage_every = 2\niterations = 2\n"
+                        f"memory_dir = '{memory_dir}'\ntarget = '{tmp_path / 't'}'\n")
+    first, again = tmp_path / "first.jsonl", tmp_path / "again.jsonl"
+    for args, path in (((str(workload),), first), (("--replay", str(first)), again)):
+        proc, _ = local(*args, "--results", str(path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs = records(path)
+        assert recs[0]["run_options"]["storage_every"] == 2
+        assert recs[0]["run_options"]["tiers"] is None  # the workload's [tiers] use
+        assert [r["iteration"] for r in recs if r["type"] == "phase"
+                and r["phase"] == "save"] == [2]
+        assert {r["tier"] for r in recs if r["type"] == "tier"} == {"memory", "peer"}
+    assert records(first)[0]["run_options"] == records(again)[0]["run_options"]
+    assert not list(memory_dir.iterdir())
+
+
+def test_a_shard_no_tier_holds_is_one_line_naming_it(tmp_path: Path, memory_dir: Path
+                                                     ) -> None:
+    """Peer replicas alone on 2 nodes: the node replaced held the only copy of node 0's
+    shards (no memory tier keeps them); the restart is refused, never partial."""
+    results = tmp_path / "r.jsonl"
+    proc, _ = local(str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
+                    "--memory-dir", str(memory_dir), "--tiers", "peer", "--ranks-per-node",
+                    "2", "--iterations", "1")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ckptbench: error")]
+    assert errors == ["ckptbench: error: restart (node): checkpoint 1: the shard of process 0 "
+                      "(plan ranks 0): no tier holds it after losing node(s) [1]"]
+    recs = records(results)
+    assert [r["message"] for r in recs if r["type"] == "error"] == [errors[0].removeprefix("ckptbench: error: ")]
+    assert {r["scenario"] for r in recs if r["type"] == "tier_restore"} == {"process"}
+    assert not list(memory_dir.iterdir())
+
+
+@needs_mpi
+def test_under_mpirun_two_nodes_of_two_ranks(tmp_path: Path, memory_dir: Path) -> None:
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
+                  "2", "--iterations", "2", "--storage-every", "2", mpi=4)
+    assert recs[0]["launcher"] == "mpi"
+    restores = [r for r in recs if r["type"] == "tier_restore"]
+    assert {(r["scenario"], r["tier"]) for r in restores} == {
+        ("process", "memory"), ("node", "memory"), ("node", "peer")}
+    assert all(r["verified"] for r in restores)
+    assert not list(memory_dir.iterdir())
+
+
+def test_a_memory_copy_outlives_the_process_that_wrote_it(memory_dir: Path) -> None:
+    """The writer is killed (SIGKILL: no cleanup runs); a new process reads the copy."""
+    path = memory_dir / copy_name(0, 1)
+    code = ("import numpy as np, os, signal, sys; from pathlib import Path; "
+            "from ckptbench.runner.tier_store import write_copy; "
+            "data = np.random.default_rng(7).integers(0, 256, 3 << 20, dtype=np.uint8); "
+            f"write_copy(Path({str(path)!r}), data); print('written', flush=True); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL and "written" in proc.stdout
+    out = np.zeros(3 << 20, dtype=np.uint8)
+    read_copy(path, out)
+    want = np.random.default_rng(7).integers(0, 256, 3 << 20, dtype=np.uint8)
+    assert digest(out) == digest(want)
+
+
+def test_a_byte_changed_in_a_replica_is_found_and_named(tmp_path: Path) -> None:
+    server = PeerServer(tmp_path)
+    try:
+        data = np.arange(1 << 20, dtype=np.uint64).view(np.uint8)[: 3 << 20].copy()
+        files = [("__0_0.distcp", 1 << 20), ("__0_1.distcp", 2 << 20)]
+        want = [digest(data[: 1 << 20]), digest(data[1 << 20:])]
+        send(("127.0.0.1", server.port), PUT, 5, 2, data)
+        replica = tmp_path / copy_name(5, 2, replica=True)
+        assert replica.stat().st_size == data.nbytes
+        back = np.zeros_like(data)
+        assert fetch(("127.0.0.1", server.port), 5, 2, back)
+        assert first_mismatch(back, files, want) is None
+        with open(replica, "r+b") as f:  # one byte of the second file flipped
+            f.seek((1 << 20) + 12345)
+            b = f.read(1)
+            f.seek((1 << 20) + 12345)
+            f.write(bytes([b[0] ^ 0x40]))
+        assert fetch(("127.0.0.1", server.port), 5, 2, back)
+        assert first_mismatch(back, files, want) == "__0_1.distcp"
+    finally:
+        server.close()
+
+
+def test_a_replica_cut_off_in_flight_is_never_held(tmp_path: Path) -> None:
+    """The sender dies after half the bytes: the holder keeps no replica (the previous
+    checkpoint is what a restart would read) and no part of it."""
+    server = PeerServer(tmp_path)
+    try:
+        send(("127.0.0.1", server.port), PUT, 1, 1, np.ones(1 << 20, dtype=np.uint8))
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(HEADER.pack(PUT, 1, 2, 1 << 20))
+            sock.sendall(b"\2" * (1 << 19))
+        deadline = time.monotonic() + 60
+        while not server.errors and time.monotonic() < deadline:  # the holder saw it end
+            time.sleep(0.01)
+        assert "closed the connection after 524288 of 1048576 bytes" in server.errors[0]
+        out = np.zeros(1 << 20, dtype=np.uint8)
+        assert not fetch(("127.0.0.1", server.port), 1, 2, out)  # checkpoint 2: not held
+        assert fetch(("127.0.0.1", server.port), 1, 1, out) and out.min() == 1  # 1 is
+        assert sorted(p.name for p in tmp_path.iterdir()) == [copy_name(1, 1, replica=True)], server.errors
+    finally:
+        server.close()
+
+
+def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
+        tmp_path: Path, memory_dir: Path) -> None:
+    """`report --failure-preset CLASSES --gpus N` of a tiered run: the tier tables and the
+    multi-level cadence (the optimum as `levels --tiers-results` finds it) in the terminal
+    table, and in the HTML page with its figure, opened in Chromium."""
+    from tests.report.chromium import find_chromium, visit
+    from tests.report.test_html_report import assert_drawn
+
+    tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node", "2",
+           "--iterations", "2", "--storage-every", "2")
+    results, page = tmp_path / "r.jsonl", tmp_path / "page.html"
+    job = ["--failure-preset", "llama3", "--gpus", "16384"]
+    report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(results), *job,
+                             "--html", str(page)], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "multi-level cadence" in report.stdout and "optimum:" in report.stdout
+    levels = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
+                             str(results), "--failure-classes", "llama3", "--gpus", "16384"],
+                            capture_output=True, text=True, timeout=300)
+    assert levels.returncode == 0, levels.stderr
+    (optimum,) = [line for line in levels.stdout.splitlines() if line.startswith("optimum:")]
+    schedule = optimum.removeprefix("optimum: ").split(" -> ")[0]
+    # the same answer as `ckptbench levels` (the terminal wraps the table's notes)
+    assert schedule in " ".join(report.stdout.split())
+    text = page.read_text()
+    assert "<h2>Recovery tiers</h2>" in text and "recovery tiers: restarts" in text
+    assert schedule in text and 'id="levels-1"' in text
+    binary = find_chromium()
+    if binary is None:
+        pytest.fail("no chromium on PATH: run .ci/setup", pytrace=False)
+    seen = visit(page, binary)
+    assert seen.errors == []
+    assert all(i["complete"] and i["width"] >= 600 for i in seen.images)
+    figure = text.split('id="levels-1"', 1)[1].split('base64,', 1)[1].split('"', 1)[0]
+    import base64
+
+    assert_drawn(base64.b64decode(figure))
+    # classes without scopes (a job preset): the tier tables, no cadence
+    plain = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(results),
+                            "--failure-preset", "opt175b"], capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    assert "recovery tiers: restarts" in plain.stdout
+    assert "multi-level cadence" not in plain.stdout
