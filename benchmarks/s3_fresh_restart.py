@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine_state import pairs_ratio  # noqa: E402
-from ckptbench.testing import MinioServer, WarpOptions, run_warp  # noqa: E402
+from harness import MinioServer, WarpOptions, run_warp  # noqa: E402
 
 RUN = ["run", "workloads/llama3-8b-fsdp2-8.toml", "--scale", "4", "--ranks", "0-1",
        "--prefill", "2GiB", "--json"]
