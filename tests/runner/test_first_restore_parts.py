@@ -17,7 +17,7 @@ from ckptbench.records import read_records
 from ckptbench.report import view
 from ckptbench.report.table import parts_grid
 from ckptbench.runner.parts import RESTORE_PARTS
-from ckptbench.testing import MinioServer
+from harness import MinioServer
 
 pytestmark = pytest.mark.s3
 
