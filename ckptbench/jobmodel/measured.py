@@ -27,6 +27,7 @@ from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.jobmodel.stragglers import LogNormalFit
 from ckptbench.records import read_records
 from ckptbench.report import throughput, view
+from ckptbench.runner.parts import FIRST_RESTORE
 from ckptbench.spec import RESTORE_KEYS, Workload, parse_workload
 
 PHASES = ("save", "restore")
@@ -157,6 +158,7 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
     nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     extra: dict[int, list[int]] = defaultdict(list)  # manifest/commit op times
     parts: list[dict[str, float]] = []
+    first: dict[tuple[int, int], int] = {}  # (iteration, rank) -> its first data read's end
     for r in records:
         if r.get("phase") != phase or r.get("iteration") not in ok:
             continue
@@ -166,17 +168,24 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
             nodes[(r["iteration"], str(r.get("host", "?")))].append(r)
         elif r.get("type") == "op" and r.get("op") in ("manifest", "commit"):
             extra[r["iteration"]] += [r["start_ns"], r["end_ns"]]
+        elif r.get("type") == "op" and r.get("op") == "read" and phase == "restore":
+            key = (r["iteration"], r["rank"])
+            first[key] = min(first.get(key, r["end_ns"]), r["end_ns"])
+    if not all(FIRST_RESTORE[-1] in p for p in parts) or not parts:
+        first = {}  # no first-restore parts charged once: they stay in the node rates
     if not nodes:
         return None
     samples, rank_rates = [], []
     spans: dict[int, list[int]] = defaultdict(list)
     for (iteration, host), ranks in sorted(nodes.items()):
-        start, end = min(_data_start(r) for r in ranks), max(r["end_ns"] for r in ranks)
+        start = min(_data_start(r, first) for r in ranks)
+        end = max(r["end_ns"] for r in ranks)
         spans[iteration] += [start, end]
         nbytes = sum(r["bytes"] for r in ranks)
         if nbytes > 0:
             samples.append(NodeSample(iteration, host, len(ranks), nbytes, max(end - start, 1) / 1e9))
-        rank_rates += [r["bytes"] / max(r["end_ns"] - _data_start(r), 1) * 1e9 for r in ranks]
+        rank_rates += [r["bytes"] / max(r["end_ns"] - _data_start(r, first), 1) * 1e9
+                       for r in ranks]
     meta = []
     for iteration, data in spans.items():
         whole = data + extra.get(iteration, [])
@@ -193,11 +202,14 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
     )
 
 
-def _data_start(rank: dict[str, Any]) -> int:
+def _data_start(rank: dict[str, Any], first: Mapping[tuple[int, int], int]) -> int:
     """When a rank's data began: its start, or after its own manifest read (a restoring
-    rank of the DCP restore plan reads the manifest first; that read is metadata)."""
+    rank of the DCP restore plan reads the manifest first; that read is metadata), or,
+    where the run recorded a restore's first-restore parts (runner.parts: setup,
+    first_byte, charged once per restore), after its first data read."""
     manifest = rank.get("manifest_s")
-    return int(rank["start_ns"] + (manifest * 1e9 if isinstance(manifest, int | float) else 0))
+    start = int(rank["start_ns"] + (manifest * 1e9 if isinstance(manifest, int | float) else 0))
+    return max(start, first.get((rank["iteration"], rank.get("rank", -1)), start))
 
 
 def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--results"

@@ -37,6 +37,7 @@ from ckptbench.jobmodel.dcp_costs import DCP_SAVE_CACHED, DCP_SAVE_COORDINATOR
 from ckptbench.jobmodel.measured import Measurement, PhaseMeasurement
 from ckptbench.jobmodel.stragglers import LogNormalFit, expected_max
 from ckptbench.jobmodel.target import Target
+from ckptbench.runner.parts import FIRST_RESTORE
 from ckptbench.units import format_bytes, format_rate
 
 
@@ -70,7 +71,7 @@ def once_parts(p: PhaseMeasurement, t: Target) -> dict[str, float]:
     parts as measured. A run without parts, or whose parts lie inside its ranks' spans (a
     format's own, e.g. torch-dcp's load: metadata, planning, data, sync; already in the
     per-node rate): the metadata time outside those spans, as measured."""
-    if not p.parts or set(p.parts) - {"data", *SAVE_ONCE}:
+    if not p.parts or set(p.parts) - {"data", *SAVE_ONCE, *FIRST_RESTORE}:
         return {"metadata": p.metadata_s}
     out = {k: v for k, v in p.parts.items() if k != "data"}
     if p.phase == "save" and t.chunks:

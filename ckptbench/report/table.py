@@ -224,6 +224,10 @@ PART_NOTES = {
     "coordinator": "its CPU: the manifest built and encoded",
     "metadata": "the manifest written (save) or read (restore, the slowest reader)",
     "commit": "the rename that commits it (0: one PUT writes and commits)",
+    "setup": "restore: from the manifest to the first data read (the reads planned, the "
+             "reader's clients and handles made, its first requests sent; the last rank's)",
+    "first_byte": "restore: the first data read's wait (on a store, the first GET's bytes "
+                  "arriving; the last rank's)",
 }
 
 

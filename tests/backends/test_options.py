@@ -12,6 +12,7 @@ from ckptbench.backends import OTHER, BackendOptions, IOHints, open_backend, reg
 from ckptbench.backends.local import LocalOptions
 from ckptbench.backends.options import OptionSpec
 from ckptbench.backends.s3 import S3Backend, S3Options
+from ckptbench.backends.s3.readahead import SMALL_PER_LARGE
 from ckptbench.cli import main
 from ckptbench.cli.backend_options import backend_flags
 from ckptbench.errors import BackendError
@@ -139,7 +140,8 @@ def test_options_are_typed_and_checked_where_made() -> None:
 def test_io_hints_size_the_s3_connection_pool() -> None:
     b = S3Backend("s3://bucket/x", S3Options(concurrency=3), IOHints(threads=5))
     client: Any = b._client()
-    assert client.meta.config.max_pool_connections == 3 * 5 + 4
+    # every GET of a restore's read-ahead at once: large ones and SMALL_PER_LARGE small each
+    assert client.meta.config.max_pool_connections == 3 * 5 * (1 + SMALL_PER_LARGE) + 4
     assert S3Backend("s3://bucket/x").hints == IOHints()
     with pytest.raises(BackendError, match="allowed: 1 or more"):
         IOHints(threads=0)

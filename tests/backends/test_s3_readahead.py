@@ -14,6 +14,7 @@ import pytest
 
 from ckptbench.backends.s3.boto_readahead import boto_readahead
 from ckptbench.backends.s3.readahead import (
+    LARGE_HELD,
     SMALL_PER_LARGE,
     SMALL_QUEUED,
     Chunk,
@@ -171,9 +172,11 @@ def test_planned_reads_of_a_truncated_object_are_short() -> None:
 
 def test_a_threads_handles_share_its_large_gets_in_flight() -> None:
     """The next file's GETs start only in the lane's free places once this file's are all
-    requested: never more than `depth` large GETs in flight for one reader thread."""
+    requested: never more than `depth` large GETs in flight for one reader thread (each
+    GET here in flight until the reader waits for it)."""
     chunk = 2 * MIB
-    a, b = Recorded(os.urandom(8 * MIB)), Recorded(os.urandom(4 * MIB))
+    a, b = Recorded(os.urandom(8 * MIB), in_flight=True), Recorded(os.urandom(4 * MIB),
+                                                                   in_flight=True)
     ha = ReadAhead(a.fetch, chunk, depth=2, plan=[(0, 8 * MIB)])
     hb = ReadAhead(b.fetch, chunk, depth=2, plan=[(0, 4 * MIB)])
     assert read(ha, 0, chunk) == a.data[:chunk]
@@ -249,14 +252,15 @@ def test_a_borrowed_view_is_the_gets_bytes_and_holds_its_buffer() -> None:
 
 @pytest.mark.s3
 def test_botocore_staging_buffers_are_made_before_the_clock(s3env: MinioServer) -> None:
-    """warm_reads() makes (and zeroes: touches) a staging buffer per GET in flight and one
-    more, so a restore's first GETs do not wait on page faults; reads keep that many."""
+    """warm_reads() makes (and zeroes: touches) a staging buffer per large GET a lane may
+    hold (LARGE_HELD per GET in flight) and one more, so a restore's first GETs do not
+    wait on page faults; reads keep that many."""
     b = s3(f"s3://{s3env.bucket}/warm/{uuid.uuid4().hex[:8]}", s3env.endpoint, concurrency=None)
     b.prepare()
     ahead = boto_readahead(b)
     b.warm_reads()
     made = list(ahead.spare)
-    assert len(made) == ahead.keep == b.concurrency + 1
+    assert len(made) == ahead.keep == LARGE_HELD * b.concurrency + 1
     data = os.urandom(3 * ahead.chunk // 2)
     write_object(b, "ck/x", data, block=8 * MIB)
     h = b.open_read_planned("ck/x", [(0, len(data))])
@@ -274,7 +278,8 @@ def test_botocore_staging_buffers_are_made_before_the_clock(s3env: MinioServer) 
 @pytest.mark.parametrize("transport", ["botocore", *TRANSPORTS])
 def test_planned_reads_on_minio(s3env: MinioServer, transport: str) -> None:
     """A restore plan's reads through each transport: a run of chunks and scattered
-    4-byte reads, one GET per range of the run and one per scattered read."""
+    4-byte reads, one GET per range of the run (ramping up: the reader thread's first
+    file) and one per scattered read."""
     b = s3(f"s3://{s3env.bucket}/plan/{uuid.uuid4().hex[:8]}", s3env.endpoint,
            concurrency=None, transport=transport)
     b.prepare()
@@ -291,7 +296,7 @@ def test_planned_reads_on_minio(s3env: MinioServer, transport: str) -> None:
     finally:
         h.close()
     if transport == "botocore":  # the transports' requests are their own (not counted)
-        ranges = plan_gets(run, boto_readahead(b).chunk)
+        ranges = plan_gets(run, boto_readahead(b).chunk, ramp=True)  # the thread's first
         assert b.stats()["requests"] == len(ranges) + len(scattered)
     b.remove_tree("ck")
     b.release()
@@ -318,3 +323,69 @@ def test_botocore_defaults_scattered_reads_are_one_get_each(s3env: MinioServer) 
     assert b.stats()["requests"] == len(offsets)
     b.remove_tree("ck")
     b.release()
+
+
+class Held:
+    """An object in memory whose GETs finish only when the test says so (any order)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.gets: dict[tuple[int, int], Future[Chunk]] = {}
+
+    def fetch(self, offset: int, length: int) -> Future[Chunk]:
+        fut: Future[Chunk] = Future()
+        self.gets[(offset, length)] = fut
+        return fut
+
+    def finish(self, offset: int, length: int) -> None:
+        piece = bytearray(self.data[offset:offset + length])
+        self.gets[(offset, length)].set_result(Chunk(piece, len(piece), len(self.data)))
+
+
+def test_a_threads_first_file_ramps_up_its_gets() -> None:
+    """The first GETs of a reader thread with none in flight grow from chunk/16 to the
+    chunk, so its first read waits on a few MiB, not on `depth` whole chunks sharing the
+    bandwidth; the next file, opened while GETs run, starts at whole chunks."""
+    chunk = 64 * MIB
+    gets = plan_gets([(0, 300 * MIB), (400 * MIB, 4)], chunk, ramp=True)
+    assert [n // MIB for _, n in gets[:6]] == [4, 8, 16, 32, 64, 64]
+    assert sum(n for _, n in gets) == 300 * MIB + 4 and gets[-1] == (400 * MIB, 4)
+    assert plan_gets([(0, 3 * MIB)], MIB, ramp=True) == plan_gets([(0, 3 * MIB)], MIB)
+    first = Recorded(os.urandom(8 * MIB), in_flight=True)
+    h1 = ReadAhead(first.fetch, 4 * MIB, depth=2, plan=[(0, 8 * MIB)])
+    assert [n for _, n in h1.plan or []] == [2 * MIB, 4 * MIB, 2 * MIB]
+    h1.prefetch()
+    h2 = ReadAhead(first.fetch, 4 * MIB, depth=2, plan=[(0, 8 * MIB)])
+    assert [n for _, n in h2.plan or []] == [4 * MIB, 4 * MIB]
+    h1.close()
+    h2.close()
+
+
+def test_a_get_done_out_of_order_gives_its_place_while_the_reader_waits() -> None:
+    """Concurrent GETs finish in any order: the second one done while the reader still
+    waits on the first lets the plan's next GET start at once, so the rank keeps `depth`
+    requests in flight (the store was otherwise left idle between waves)."""
+    import threading
+    import time
+
+    big = 2 * MIB  # larger than a small GET
+    data = os.urandom(4 * big)
+    obj = Held(data)
+    handle = ReadAhead(obj.fetch, big, 2, plan=[(0, 4 * big)])
+    out = bytearray(big)
+    reader = threading.Thread(target=handle.readinto, args=(0, memoryview(out)))
+    reader.start()
+    deadline = time.monotonic() + 10
+    while len(obj.gets) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(obj.gets) == [(0, big), (big, big)]
+    obj.finish(big, big)  # the second GET is done, the first still in flight
+    while len(obj.gets) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (2 * big, big) in obj.gets and not obj.gets[(0, big)].done()
+    obj.finish(0, big)
+    reader.join(10)
+    assert bytes(out) == data[:big]
+    assert len(obj.gets) == 4  # the first one read: the last GET of the plan started
+    obj.finish(2 * big, big)
+    handle.close()

@@ -85,7 +85,8 @@ def test_the_parts_table(tiny_run) -> None:
     grid = parts_grid([view(records, "x")])
     assert grid is not None
     assert [c.name for c in grid.columns] == ["phase", "data s", "gather s", "coordinator s",
-                                              "metadata s", "commit s"]
+                                              "metadata s", "commit s", "setup s",
+                                              "first_byte s"]
     save, restore = grid.rows
     assert save[0] == "save" and restore[0] == "restore"
     assert restore[2:4] == ("-", "-")  # no gather or coordinator on a restore

@@ -19,7 +19,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ckptbench.backends.base import ReadHandle
-from ckptbench.backends.s3.readahead import SMALL_GET, SMALL_PER_LARGE, Chunk, ReadAhead
+from ckptbench.backends.s3.readahead import (
+    LARGE_HELD,
+    SMALL_GET,
+    SMALL_PER_LARGE,
+    Chunk,
+    ReadAhead,
+)
 from ckptbench.backends.s3.reader import S3Reader
 from ckptbench.backends.s3.sizing import PART_RANGE
 from ckptbench.errors import BackendError
@@ -82,9 +88,10 @@ class BotoReadAhead:
 
     @property
     def keep(self) -> int:
-        """Staging buffers kept between GETs: one per large GET in flight, and the one
-        being read (a small GET has a buffer of its own size)."""
-        return self.in_flight + 1
+        """Staging buffers kept between GETs: one per large GET a lane holds (in flight,
+        or done and waiting for the reader: readahead.Lane), and the one being read (a
+        small GET has a buffer of its own size)."""
+        return LARGE_HELD * self.in_flight + 1
 
     def warm(self) -> None:
         """Make the staging buffers now (bytearray() zeroes, so their pages are touched)."""

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from ckptbench.backends.s3.errors import count_attempt, note_retry_reason
 from ckptbench.backends.s3.options import S3Options
+from ckptbench.backends.s3.readahead import SMALL_PER_LARGE
 from ckptbench.backends.s3.window import Window
 
 STAT_KEYS = ("requests", "retries", "retries_throttle", "retries_server", "retries_connection",
@@ -96,7 +97,8 @@ class S3Clients:
     """This process's session and clients for one backend: 'main' (the configured retries
     and timeouts), 'quick' (probing the target and cleaning up: bounded even when the
     endpoint stops answering) or 'last' (cleanup after it did). The connection pool is
-    sized for `io_threads` runner threads each with `concurrency` requests in flight."""
+    sized for `io_threads` runner threads each with `concurrency` requests in flight
+    (and a restore's small GETs beside them)."""
 
     def __init__(self, options: S3Options, io_threads: int, in_flight: int) -> None:
         self.options = options
@@ -157,7 +159,10 @@ class S3Clients:
         if o.payload_signing != "auto":
             s3cfg["payload_signing_enabled"] = o.payload_signing == "on"
         config = Config(
-            max_pool_connections=self.in_flight * self.io_threads + 4,
+            # Every GET a restore's read-ahead runs at once, small ones included
+            # (readahead.Lane): a smaller pool opened a connection per small GET over it
+            # and dropped it after ("Connection pool is full, discarding connection").
+            max_pool_connections=self.in_flight * self.io_threads * (1 + SMALL_PER_LARGE) + 4,
             # A fixed User-Agent: botocore otherwise rebuilds and sanitizes its own, character
             # by character, on every request; and no parameter validation (ckptbench builds
             # every request itself). With parts sent inline (_submit), ckptbench's CPU per GB

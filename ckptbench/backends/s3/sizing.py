@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from ckptbench.backends.s3.options import MAX_PART, MAX_PARTS, MIB, MIN_PART
-from ckptbench.backends.s3.readahead import SMALL_HELD
+from ckptbench.backends.s3.readahead import LARGE_HELD, SMALL_HELD
 
 HOST_IN_FLIGHT = 32  # requests in flight per host, shared by its ranks, ...
 CPU_IN_FLIGHT = 2  # ... and at most 2 per CPU: one rank on a 2-CPU box spent 10-25% more
@@ -77,10 +77,12 @@ class Sizing:
 
     def buffer_bytes(self, read_range: int) -> int:
         """The most memory one process's transfers hold, counted in the run's memory bound:
-        an upload part per part in flight and one more, a range per ranged GET in flight and
-        one more (`read_range` bytes), and a restore plan's small GETs (readahead.Lane)."""
+        an upload part per part in flight and one more, a range per ranged GET a lane holds
+        (in flight or done: readahead.Lane) and one more (`read_range` bytes), and a restore
+        plan's small GETs."""
         in_flight = self.in_flight * self.threads
-        return (in_flight + 1) * (self.base_part + read_range) + self.threads * SMALL_HELD
+        return ((in_flight + 1) * self.base_part + (LARGE_HELD * in_flight + 1) * read_range
+                + self.threads * SMALL_HELD)
 
     def describe(self) -> dict[str, object]:
         return {"part_size": self.part_size if self.part_size is not None else "auto",
