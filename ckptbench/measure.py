@@ -16,7 +16,7 @@ from typing import Any
 from ckptbench import runspec
 from ckptbench.backends import Backend, BackendOptions, IOHints, open_backend
 from ckptbench.backends.local import LocalBackend
-from ckptbench.errors import SpecError
+from ckptbench.errors import CkptbenchError, RunFailed, SpecError
 from ckptbench.fields import parse_ranks
 from ckptbench.formats import check_format
 from ckptbench.plan import Plan, build_plan
@@ -287,3 +287,24 @@ def rank_totals(req: RunRequest) -> list[int]:
         read = int(reads[r]) if o.restore and r < len(reads) else 0
         out.append(o.iterations * (read + (0 if o.checkpoint else int(saves[r]))))
     return out
+
+
+def measure_per_node(launcher: Launcher, k: int, request: Callable[[list[int]], RunRequest],
+                     results: Path, command: str) -> None:
+    """Collective: a sweep's point. `request(ranks)` is measured on the first `k`
+    processes of each of the launcher's nodes (local: `k` local processes; under
+    mpirun/srun: `k` MPI ranks on every node, the others waiting without spinning), the
+    first k x nodes plan ranks; process 0 writes `results`. Every process returns once
+    the point is over everywhere, or raises when it failed (process 0: its error)."""
+    point, nodes = launcher.per_node(k)
+    error: CkptbenchError | None = None
+    if point is not None:
+        try:
+            req = request(list(range(k * nodes)))
+            with run_status(req, f"{command}, {k} rank(s) per node", point) as status:
+                measure(req, results, point, on_progress=status)
+        except CkptbenchError as exc:
+            error = exc
+    launcher.idle_barrier()
+    if launcher.share(error is not None):  # process 0 measures every point
+        raise error or RunFailed(f"{command}: the point of {k} rank(s) per node failed", "run")

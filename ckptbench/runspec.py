@@ -208,7 +208,7 @@ def _options() -> tuple[RunOption, ...]:
           "Raise it for very slow storage.", "target", ("run", "restore"), "120s", "duration",
           unit="s", words=(("off", 0.0),), field="stall_timeout"),
         o("launcher", "auto: MPI ranks when started by mpirun/srun (needs mpi4py), else local "
-          "processes.", "target", ("run", "restore", "mlperf"), "auto", "choice", LAUNCHERS,
+          "processes.", "target", ("run", "restore", "sweep", "mlperf"), "auto", "choice", LAUNCHERS,
           request=False),
         # I/O
         o("iterations", "Checkpoints saved and restored (mlperf, CLOSED: 10; sweep: per point, "

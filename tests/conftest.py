@@ -106,7 +106,8 @@ def gluster_dir(gluster, request):
 @pytest.fixture(scope="session")
 def slurm():
     """A real Slurm cluster (harness.slurm.SlurmCluster): munged, slurmctld and
-    two slurmd daemons (nodes n1, n2 on 127.0.0.1, 4 CPUs each) in a directory of its own;
+    two slurmd daemons (nodes n1, n2 on 127.0.0.1, 8 CPUs each: the sbatch templates
+    run side by side) in a directory of its own;
     everything it started is ended after the last test. Skipped only where the daemons
     cannot run (not Linux, not root); missing packages fail (.ci/setup installs them)."""
     from harness import ToolError
@@ -119,7 +120,7 @@ def slurm():
     # its tasks are detached from the daemons and would stay).
     with sigterm_interrupts():
         try:
-            cluster = SlurmCluster(nodes=2, cpus=4).start()
+            cluster = SlurmCluster(nodes=2, cpus=8).start()
         except ToolError as exc:
             pytest.fail(f"Slurm: {exc}", pytrace=False)
         try:

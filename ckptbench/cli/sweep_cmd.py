@@ -2,9 +2,10 @@
 where the node saturates) is measured rather than assumed.
 
 Each point runs the workload's first K plan ranks on this node, in process (the library's
-`build_request` + `measure`, as `ckptbench run` does), into its own results file; a sweep
-file lists them for `ckptbench cadence --results`, which uses the point whose ranks per
-node match the target's.
+`build_request` + `measure`, as `ckptbench run` does), into its own results file; under
+mpirun or srun, K MPI ranks on every node of the launch (the first K x nodes plan ranks;
+the node's other processes wait). A sweep file lists the points for `ckptbench cadence
+--results`, which uses the point whose ranks per node match the target's.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptbench import jobmodel
+from ckptbench.backends import BackendOptions
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.output_file import check_output_path, save_figure
+from ckptbench.cli.run_cmd import quiet_unless_root
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import SpecError
-from ckptbench.measure import build_request, measure, run_status
+from ckptbench.measure import build_request, measure_per_node
 from ckptbench.report import plots, throughput
-from ckptbench.runner import new_run_id
+from ckptbench.runner import Launcher, RunRequest, new_run_id, open_launcher
 from ckptbench.runspec import read_benchmark_file, request_options
-from ckptbench.spec import load_workload
+from ckptbench.spec import Workload, load_workload
 from ckptbench.units import CONVENTION, format_bytes, gbps
 
 
@@ -93,7 +96,9 @@ def plot_curve(path: Path, points: list[jobmodel.SweepPoint], title: str,
 @click.command("sweep", cls=GroupedCommand)
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--ranks-per-node", "counts", default="1,2,4,8", show_default=True,
-              help="Points of the sweep: each runs the workload's first K plan ranks on this node.")
+              help="Points of the sweep: each runs the workload's first K plan ranks on this "
+                   "node (under mpirun/srun: K ranks on each node, at most the processes "
+                   "started per node).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the results files and the sweep file "
                    "[default: results/<workload>-sweep-<time>].")
@@ -115,23 +120,16 @@ def sweep_command(workload: str, counts: str, out: Path | None, plot_path: Path 
     backend = options_for_target(opts["target"], typed_backend_flags(ctx))
     full = load_workload(bench.workload)
     ks = parse_counts(counts, full.parallel.world_size)
-    out = out or Path("results") / f"{full.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_file = out / f"{full.name}-sweep.jsonl"
-    if sweep_file.exists():
-        raise SpecError(f"--out {out}: holds a sweep already (never overwritten)")
-    points: list[jobmodel.SweepPoint] = []
-    measured: list[jobmodel.Measurement] = []
-    for k in ks:
-        name = f"{full.name}-rpn{k}.jsonl"
-        req = build_request(full, command="sweep", ranks=list(range(k)),
-                            backend_options=backend, run_id=f"{new_run_id()}-rpn{k}",
-                            **request_options(opts))
-        click.echo(f"{full.name}: {k} rank(s) per node, {opts['iterations']} iteration(s) -> "
-                   f"{out / name}", err=True)
-        with run_status(req, f"sweep, {k} rank(s) per node") as status:
-            measure(req, out / name, on_progress=status)
-        measured.append(jobmodel.read_results(out / name, "sweep"))
-        points.append(jobmodel.SweepPoint.of(measured[-1], name))
+    launch = open_launcher(opts["launcher"])
+    with quiet_unless_root(launch):
+        out = launch.share(out or Path("results") / f"{full.name}-sweep-"
+                           f"{time.strftime('%Y%m%d-%H%M%S')}")
+        sweep_file = out / f"{full.name}-sweep.jsonl"
+        if sweep_file.exists():
+            raise SpecError(f"--out {out}: holds a sweep already (never overwritten)")
+        points = _measure_points(launch, full, ks, opts, backend, out)
+    if not launch.root:
+        return
     scale = opts["scale"]
     jobmodel.write_sweep(sweep_file, {"workload": full.name, "scale": scale,
                                       "iterations": opts["iterations"],
@@ -146,8 +144,34 @@ def sweep_command(workload: str, counts: str, out: Path | None, plot_path: Path 
     console = Console()
     if plot_path is not None:
         click.echo(f"plot written to {plot_path}")
-    render(console if console.is_terminal else Console(width=120), points, measured)
+    render(console if console.is_terminal else Console(width=120), points,
+           [jobmodel.read_results(out / p.results, "sweep") for p in points])
     click.echo(f"sweep: {sweep_file}")
+
+
+def _measure_points(launch: Launcher, full: Workload, ks: list[int], opts: dict[str, Any],
+                    backend: BackendOptions, out: Path) -> list[jobmodel.SweepPoint]:
+    """Collective: each point measured into its own results file (process 0's points)."""
+    points: list[jobmodel.SweepPoint] = []
+    for k in ks:
+        name = f"{full.name}-rpn{k}.jsonl"
+
+        def request(ranks: list[int], k: int = k) -> RunRequest:
+            if len(ranks) > full.parallel.world_size:
+                raise SpecError(f"--ranks-per-node {k}: {len(ranks) // k} nodes x {k} = "
+                                f"{len(ranks)} ranks, the workload has "
+                                f"{full.parallel.world_size}; allowed: at most "
+                                f"{full.parallel.world_size * k // len(ranks)} per node")
+            return build_request(full, command="sweep", ranks=ranks, backend_options=backend,
+                                 run_id=f"{new_run_id()}-rpn{k}", **request_options(opts))
+        if launch.root:
+            click.echo(f"{full.name}: {k} rank(s) per node, {opts['iterations']} iteration(s) "
+                       f"-> {out / name}", err=True)
+        measure_per_node(launch, k, request, out / name, "sweep")
+        if launch.root:
+            points.append(jobmodel.SweepPoint.of(jobmodel.read_results(out / name, "sweep"),
+                                                 name))
+    return points
 
 
 COMMANDS = [sweep_command]

@@ -37,13 +37,14 @@ class SweepPoint:
     restore_node_bytes_per_s: float | None
     save_bytes_per_s: float | None = None  # the phase's throughput, median over iterations
     restore_bytes_per_s: float | None = None
+    nodes: int = 1  # the nodes the point ran on (mpirun/srun: each with ranks_per_node)
 
     @classmethod
     def of(cls, m: Measurement, results: str) -> SweepPoint:
         restore = m.restore.node_bytes_per_s if m.restore else None
         return cls(m.ranks_per_node, results, m.bytes_per_rank, m.save.node_bytes_per_s,
                    restore, m.save.throughput_bytes_per_s,
-                   m.restore.throughput_bytes_per_s if m.restore else None)
+                   m.restore.throughput_bytes_per_s if m.restore else None, m.nodes)
 
 
 def saturation(points: list[SweepPoint], phase: str = "save") -> SweepPoint | None:

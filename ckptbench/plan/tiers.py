@@ -1,8 +1,10 @@
 """Where each checkpoint copy lives: nodes, peer placement, what survives a failure.
 
-Pure arithmetic on a TiersSpec and the run's processes. A node is a group of
-``ranks_per_node`` processes (nodes emulated on one host) or one of the launcher's hosts.
-Each node's copy is replicated to ``k`` other nodes:
+Pure arithmetic on a TiersSpec and the run's processes. A node is one of the launcher's
+nodes (the scheduler's node name under Slurm, where emulated nodes share one host name;
+else the host name), or a group of ``ranks_per_node`` processes (nodes emulated on one
+host; refused where it would cut across the launcher's nodes). Each node's copy is
+replicated to ``k`` other nodes:
 
 ring    node n -> nodes n+1 .. n+k (mod N), as Gemini places its replicas
 clique  nodes in groups of k+1 (N divisible by k+1); each node -> the others of its group,
@@ -32,7 +34,8 @@ class TierPlan:
     spec: TiersSpec
     node_of: tuple[int, ...]  # process -> node
     replicas: tuple[tuple[int, ...], ...]  # node -> the nodes holding its copies
-    node_source: str  # "ranks_per_node=N" or "launcher hosts"
+    node_source: str  # "ranks_per_node=N", "launcher hosts" or "slurm nodes"
+    node_names: tuple[str, ...] = ()  # node -> the launcher's name for it (its processes')
 
     @property
     def nodes(self) -> int:
@@ -84,15 +87,29 @@ class TierPlan:
         return out
 
 
-def _nodes_of(spec: TiersSpec, hosts: list[str]) -> tuple[tuple[int, ...], str]:
-    if spec.ranks_per_node:
-        if len(hosts) % spec.ranks_per_node:
-            raise SpecError(f"--ranks-per-node {spec.ranks_per_node} does not divide the run's "
-                            f"{len(hosts)} processes; allowed: a divisor of {len(hosts)}")
-        return (tuple(p // spec.ranks_per_node for p in range(len(hosts))),
-                f"ranks_per_node={spec.ranks_per_node}")
+def _nodes_of(spec: TiersSpec, hosts: list[str], source: str
+              ) -> tuple[tuple[int, ...], str, tuple[str, ...]]:
+    """(node of each process, where the nodes come from, each node's name)."""
     index: dict[str, int] = {}
-    return tuple(index.setdefault(h, len(index)) for h in hosts), "launcher hosts"
+    placed = tuple(index.setdefault(h, len(index)) for h in hosts)
+    names = tuple(index)
+    k = spec.ranks_per_node
+    if not k:
+        return placed, source, names
+    if len(hosts) % k:
+        raise SpecError(f"--ranks-per-node {k} does not divide the run's "
+                        f"{len(hosts)} processes; allowed: a divisor of {len(hosts)}")
+    emulated = tuple(p // k for p in range(len(hosts)))
+    if len(names) > 1 and emulated != placed:
+        counts = ", ".join(f"{n}: {placed.count(i)}" for i, n in enumerate(names))
+        raise SpecError(f"--ranks-per-node {k} emulates nodes on one host, but the launcher "
+                        f"placed the run's processes on {len(names)} nodes ({source}: "
+                        f"{counts}), which nodes of {k} processes cut across (a replica could "
+                        "land on the node it protects); allowed: 0 (the launcher's nodes)")
+    if len(names) > 1:
+        return placed, source, names
+    return emulated, f"ranks_per_node={k}", tuple(f"{hosts[0]}:{i}"
+                                                  for i in range(len(hosts) // k))
 
 
 def _replicas(spec: TiersSpec, nodes: int) -> tuple[tuple[int, ...], ...]:
@@ -114,12 +131,14 @@ def _replicas(spec: TiersSpec, nodes: int) -> tuple[tuple[int, ...], ...]:
                  for n in range(nodes))
 
 
-def plan_tiers(spec: TiersSpec, hosts: list[str]) -> TierPlan | None:
-    """The placement for processes on `hosts` (one entry per process); None without
-    tiers. A spec the run cannot place is one line naming the option."""
+def plan_tiers(spec: TiersSpec, hosts: list[str], source: str = "launcher hosts"
+               ) -> TierPlan | None:
+    """The placement for processes on `hosts` (the node of each process, as the launcher
+    names it: `source`); None without tiers. A spec the run cannot place is one line
+    naming the option."""
     if not spec.enabled:
         return None
-    node_of, source = _nodes_of(spec, hosts)
+    node_of, source, names = _nodes_of(spec, hosts, source)
     nodes = max(node_of) + 1 if node_of else 0
     replicas: tuple[tuple[int, ...], ...] = tuple(() for _ in range(nodes))
     if spec.has("peer"):
@@ -129,7 +148,7 @@ def plan_tiers(spec: TiersSpec, hosts: list[str]) -> TierPlan | None:
                             "holder is the process at the same place on another node; allowed: "
                             "the same number of processes on every node")
         replicas = _replicas(spec, nodes)
-    plan = TierPlan(spec, node_of, replicas, source)
+    plan = TierPlan(spec, node_of, replicas, source, names)
     for n, nodes_of_n in enumerate(plan.replicas):  # the placement's own promise, checked
         if n in nodes_of_n or len(set(nodes_of_n)) != len(nodes_of_n):
             raise SpecError(f"--peer-placement {spec.placement}: node {n} would hold its own "

@@ -115,9 +115,11 @@ class MPIComm(Comm):
 
     kind = "mpi"
 
-    def __init__(self, comm: Any = None, hosts: list[str] | None = None) -> None:
+    def __init__(self, comm: Any = None, hosts: list[str] | None = None,
+                 subset: bool = False) -> None:
         """`hosts`: a host name per MPI rank instead of the real ones (tests exercise the
-        multi-node paths on one machine through it)."""
+        multi-node paths on one machine through it); `subset`: `comm` holds some of the
+        launcher's processes (a sweep's point), not all it started."""
         import mpi4py
 
         fresh = "mpi4py.MPI" not in sys.modules
@@ -135,6 +137,7 @@ class MPIComm(Comm):
         self.size = self.c.Get_size()
         self._offset = 0
         self._host = hosts[self.rank] if hosts and len(hosts) == self.size else node_name()
+        self.subset = subset
 
     def barrier(self) -> None:
         self.c.Barrier()
@@ -223,7 +226,7 @@ class MPILauncher(Launcher):
     def topology(self, req: RunRequest) -> Topology:
         comm, ranks = self.comm, req.ranks
         env_size = launched_size()
-        if comm.size == 1 and env_size and env_size[1] and env_size[1] > 1:
+        if comm.size == 1 and env_size and env_size[1] and env_size[1] > 1 and not comm.subset:
             raise SpecError(
                 f"MPI sees 1 process but the launcher started {env_size[1]} ({env_size[0]}): "
                 "mpi4py's MPI library does not speak this launcher's protocol (with Slurm try "
@@ -308,6 +311,28 @@ class MPILauncher(Launcher):
 
     def share(self, value: Any) -> Any:
         return self.comm.bcast(value)
+
+    def per_node(self, k: int) -> tuple[Launcher | None, int]:
+        comm = self.comm
+        hosts = comm.allgather(comm.host())
+        nodes = list(dict.fromkeys(hosts))
+        fewest = min(nodes, key=hosts.count)
+        if hosts.count(fewest) < k:
+            raise SpecError(f"--ranks-per-node {k}: the launcher started {hosts.count(fewest)} "
+                            f"process(es) on node {fewest}; allowed: at most the processes of "
+                            f"each node (e.g. srun --ntasks-per-node={k})")
+        inside = hosts[:comm.rank].count(comm.host()) < k
+        sub = comm.c.Split(0 if inside else comm.MPI.UNDEFINED, comm.rank)
+        if not inside:
+            return None, len(nodes)
+        return MPILauncher(MPIComm(sub, [hosts[p] for p in range(comm.size)
+                                         if hosts[:p].count(hosts[p]) < k], subset=True)
+                           ), len(nodes)
+
+    def idle_barrier(self) -> None:
+        pending = self.comm.c.Ibarrier()
+        while not pending.Test():
+            time.sleep(0.02)
 
 
 def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[str, Any]:

@@ -109,6 +109,17 @@ class Launcher(ABC):
         """Collective: process 0's `value` on every process (the run id it claimed)."""
         return value
 
+    def per_node(self, k: int) -> tuple[Launcher | None, int]:
+        """Collective: a launcher over the first `k` processes of each node (None on the
+        processes left out) and the number of nodes: a sweep's point. Local processes are
+        started one per rank, so any `k` runs on this one node."""
+        return self, 1
+
+    def idle_barrier(self) -> None:
+        """Collective: a barrier that sleeps while it waits (processes left out of a
+        point take no CPU from the processes measuring it)."""
+        return None
+
     def ranks_set_up(self) -> tuple[float | None, str]:
         """After run(): how long the run's ranks took to be set up, and how (a part of a
         restart's start: runner.startup)."""

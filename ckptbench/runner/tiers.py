@@ -26,6 +26,7 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -42,6 +43,7 @@ from ckptbench.plan import Plan
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan, plan_tiers
 from ckptbench.records import ErrorRecord
 from ckptbench.runner.options import RunOptions
+from ckptbench.runner.scheduler import slurm_node
 from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send
 from ckptbench.runner.tier_store import (
     PreparedCopy,
@@ -134,13 +136,14 @@ class TierRun:
             self._stop(ok)
 
     def _start(self) -> None:
-        hosts = self.comm.gather(self.comm.host())
-        hosts = self.comm.bcast(hosts)
-        loopback = len(set(hosts)) == 1
+        # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
+        # nodes Slurm emulates on one machine have names no resolver knows.
+        machine = socket.gethostname()
+        loopback = len(set(self.comm.bcast(self.comm.gather(machine)))) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
         if self.spec.has("peer"):
             self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
-            me = ("127.0.0.1" if loopback else self.comm.host(), self.server.port)
+            me = ("127.0.0.1" if loopback else machine, self.server.port)
             self.addresses = self.comm.bcast(self.comm.gather(me))
             self.transport = "tcp-loopback" if loopback else "tcp"
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
@@ -331,7 +334,8 @@ def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts:
     """The options with the tiers placed on the run's processes (plan.tiers) and their
     copies checked against the memory budget; or the one-line refusal."""
     try:
-        tplan = plan_tiers(options.tiers, hosts)
+        tplan = plan_tiers(options.tiers, hosts, "slurm nodes" if slurm_node() else
+                           "launcher hosts")
         if tplan is None:
             return options, None
         check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)

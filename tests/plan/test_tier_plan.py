@@ -38,6 +38,24 @@ def test_cliques_of_k_plus_1_nodes_replicate_among_themselves() -> None:
 def test_nodes_from_the_launchers_hosts() -> None:
     tp = plan_tiers(TiersSpec(use=ALL), ["a", "a", "b", "b"])
     assert tp is not None and tp.node_of == (0, 0, 1, 1) and tp.node_source == "launcher hosts"
+    assert tp.node_names == ("a", "b")
+    tp = plan_tiers(TiersSpec(use=ALL), ["n1", "n2", "n1", "n2"], "slurm nodes")  # cyclic
+    assert tp is not None and tp.node_of == (0, 1, 0, 1) and tp.node_source == "slurm nodes"
+    assert tp.holders(0) == [1] and tp.holders(3) == [2]
+
+
+def test_ranks_per_node_may_not_cut_across_the_launchers_nodes() -> None:
+    """Emulated nodes on one host are fine; on a launcher's several nodes they must be
+    those nodes (a replica could otherwise sit on the node it protects)."""
+    one_host = plan_tiers(TiersSpec(use=ALL, ranks_per_node=2), ["h"] * 4)
+    assert one_host is not None and one_host.node_names == ("h:0", "h:1")
+    same = plan_tiers(TiersSpec(use=ALL, ranks_per_node=2), ["n1", "n1", "n2", "n2"], "slurm nodes")
+    assert same is not None and same.node_names == ("n1", "n2")
+    assert same.node_source == "slurm nodes"
+    with pytest.raises(SpecError) as err:
+        plan_tiers(TiersSpec(use=ALL, ranks_per_node=1), ["n1", "n1", "n2", "n2"], "slurm nodes")
+    assert "--ranks-per-node 1 emulates nodes" in str(err.value)
+    assert "(slurm nodes: n1: 2, n2: 2)" in str(err.value)
 
 
 @pytest.mark.parametrize("kw, processes, needles", [
