@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ckptbench.cadence.job import run_job
+from ckptbench.cadence.job import job_target, run_job
 from ckptbench.cadence.levels_job import parse_level
 from ckptbench.cadence.levels_report import tier_cadences
 from ckptbench.cadence.levels_scale import (
@@ -33,6 +33,7 @@ from ckptbench.errors import SpecError
 from ckptbench.jobmodel import estimate, uniform
 from ckptbench.jobmodel.measured import read_results
 from ckptbench.report import load
+from ckptbench.spec import load_workload
 from ckptbench.units import format_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def test_a_case_computed_by_hand() -> None:
     run_ = RunTiers(nodes=2, node_bytes=1e9, replicas=1, levels={
         "memory": (0.5, 0.25, "process"), "peer": (2.0, 3.0, "node"),
         "storage": (10.0, 20.0, "job")}, transfer_s=1.6, transport="tcp")
-    job = JobSize(gpus=16, gpus_per_node=8, nodes=2, node_bytes=4e9,
+    job = JobSize(name="job", gpus=16, gpus_per_node=8, nodes=2, node_bytes=4e9,
                   network_Bps=parse_network("400Gb/s") or 0.0, network_source="given",
                   storage=(7.0, 9.0))
     memory, peer, storage = scale(run_, job)
@@ -136,6 +137,21 @@ def test_twice_the_bytes_per_node_twice_the_time(tiered: Path) -> None:
     assert large.restore.data_s == pytest.approx(2 * small.restore.data_s, rel=1e-9)
 
 
+def test_another_workload_as_the_job(tiered: Path) -> None:
+    """--workload: the 405B job's plan gives the bytes per node (2,048 nodes of 8)."""
+    w = ROOT / "workloads" / "llama3.1-405b-tp8-pp16-fsdp-16384.toml"
+    out = run("levels", "--tiers-results", str(tiered), "--failure-classes", "llama3",
+              "--gpus", "16384", "--workload", str(w), "--json")
+    assert out.returncode == 0, out.stderr
+    scaling = json.loads(out.stdout)["scaling"]
+    target = job_target(load_workload(w), 16384, 8)
+    assert scaling["job"]["node_bytes"] == target.heaviest_node_bytes
+    assert scaling["job"]["workload"] == target.name != "tiny"
+    memory = scaling["levels"][0]
+    ratio = target.heaviest_node_bytes / scaling["run"]["node_bytes"]
+    assert memory["save_s"] == pytest.approx(memory["measured_save_s"] * ratio, rel=1e-12)
+
+
 def test_levels_prints_the_scaled_beside_the_measured(tiered: Path) -> None:
     out = run("levels", "--tiers-results", str(tiered), "--failure-classes", "llama3",
               "--gpus", "16384", "--node-network", "3.2Tb/s")
@@ -196,7 +212,9 @@ def test_a_bad_network_is_one_line(capsys: pytest.CaptureFixture[str], tiered: P
 @pytest.mark.parametrize(("args", "named"), [
     (["--level", "storage:1s:2s:job", "--node-network", "400Gb/s"], "--node-network"),
     (["--level", "storage:1s:2s:job", "--at-run-size"], "--at-run-size"),
-    (["--tiers-results", "TIERED", "--at-run-size", "--node-network", "1"], "--at-run-size"),
+    (["--level", "storage:1s:2s:job", "--workload", str(TINY)], "--workload"),
+    (["--tiers-results", "TIERED", "--at-run-size", "--node-network", "1"], "--node-network"),
+    (["--tiers-results", "TIERED", "--at-run-size", "--workload", str(TINY)], "--workload"),
     (["--tiers-results", "TIERED", "--gpus-per-node", "0"], "--gpus-per-node"),
     (["--tiers-results", "PLAIN"], "no tier measurements"),
     (["--tiers-results", "MISSING"], "--tiers-results"),

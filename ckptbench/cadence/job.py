@@ -94,14 +94,16 @@ def job_target(workload: Workload, gpus: int | None, gpus_per_node: int) -> Targ
     return from_plan(plan, gpus_per_node, n, restore_plan=rplan)
 
 
-def run_job(m: Measurement, gpus: int | None, gpus_per_node: int) -> JobEstimate:
-    """The job model's estimate for the full-size job a run was measured for, forced
-    (cautions travel with it); R adds cadence's default restart (``restore.total_s``: the
-    restore alone). SpecError when the run recorded no workload."""
-    if m.workload is None:
+def run_job(m: Measurement, gpus: int | None, gpus_per_node: int,
+            workload: Workload | None = None) -> JobEstimate:
+    """The job model's estimate for `workload`'s job, by default the full-size job the run
+    was measured for, forced (cautions travel with it); R adds cadence's default restart
+    (``restore.total_s``: the restore alone). SpecError when there is no workload."""
+    workload = workload or m.workload
+    if workload is None:
         raise SpecError(f"results {m.path}: the run record has no full-size workload "
                         "(written by an older ckptbench)")
-    return estimate(m, job_target(m.workload, gpus, gpus_per_node),
+    return estimate(m, job_target(workload, gpus, gpus_per_node),
                     restart_overhead_s=DEFAULT_RESTART_OVERHEAD_S,
                     restart_source=RESTART_OVERHEAD_SOURCE, force=True, source="results")
 

@@ -36,6 +36,7 @@ from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.jobmodel import JobEstimate, measurement_of, workload_of
 from ckptbench.records import read_records
 from ckptbench.report.tiers import LEVELS, SUMMARY, summarize_tiers
+from ckptbench.spec import Workload
 from ckptbench.units import SIZE_UNITS, format_bytes, format_duration, format_rate
 
 NODE_NETWORK_BPS = 400e9 / 8  # bytes/s: 400 Gb/s per node
@@ -98,6 +99,7 @@ class RunTiers:
 class JobSize:
     """The job the levels are scaled to."""
 
+    name: str  # its workload's
     gpus: int
     gpus_per_node: int
     nodes: int
@@ -194,7 +196,7 @@ class TierScaling:
         r, j = self.run, self.job
         head = (f"scaled to the job (docs/cadence.md): the run's {r.nodes} node(s) of "
                 f"{format_bytes(r.node_bytes)} -> {j.nodes:,} nodes of "
-                f"{format_bytes(j.node_bytes)} ({j.gpus:,} GPUs, {j.gpus_per_node} per node)")
+                f"{format_bytes(j.node_bytes)} ({j.name}, {j.gpus:,} GPUs, {j.gpus_per_node} per node)")
         if "memory" in r.levels:
             head += f"; node memory {format_rate(r.node_bytes / r.levels['memory'][0])} as measured"
         if "peer" in r.levels and r.network_Bps:
@@ -220,7 +222,7 @@ class TierScaling:
             "run": {"nodes": r.nodes, "node_bytes": r.node_bytes, "replicas": r.replicas,
                     "transport": r.transport, "transfer_s": r.transfer_s,
                     "network_bytes_per_s": r.network_Bps},
-            "job": {"gpus": j.gpus, "gpus_per_node": j.gpus_per_node, "nodes": j.nodes,
+            "job": {"workload": j.name, "gpus": j.gpus, "gpus_per_node": j.gpus_per_node, "nodes": j.nodes,
                     "node_bytes": j.node_bytes, "network_bytes_per_s": j.network_Bps,
                     "network_source": j.network_source},
             "levels": [{"level": lv.name, "scope": lv.scope, "measured_save_s": lv.measured_save_s,
@@ -231,28 +233,30 @@ class TierScaling:
 
 
 def tier_scaling(path: str, gpus: int, gpus_per_node: int, network_Bps: float | None = None,
-                 network_source: str = NODE_NETWORK_SOURCE, where: str = "--tiers-results"
-                 ) -> TierScaling:
-    """The tiered run at `path`, its levels scaled to its workload at `gpus` (`network_Bps`
-    None: the run's own transport, ``--node-network measured``)."""
+                 network_source: str = NODE_NETWORK_SOURCE, where: str = "--tiers-results",
+                 workload: Workload | None = None) -> TierScaling:
+    """The tiered run at `path`, its levels scaled to `workload`'s job (default: the run's
+    own full-size workload) at `gpus` (`network_Bps` None: the run's own transport,
+    ``--node-network measured``)."""
     try:
         records = list(read_records(path))
     except CkptbenchError as exc:
         raise SpecError(f"{where} {exc}") from None
     run = run_tiers(records, f"{where} {path}")
-    workload = workload_of(next((r for r in records if r.get("type") == "run"), {}))
+    workload = workload or workload_of(next((r for r in records if r.get("type") == "run"),
+                                            {}))
     if workload is None:
         raise SpecError(f"{where} {path}: the run record has no full-size workload (written "
                         "by an older ckptbench); allowed: the results of this version's "
-                        "`ckptbench run --tiers`, or --at-run-size")
+                        "`ckptbench run --tiers`, --workload FILE, or --at-run-size")
     estimate, storage = None, None
     if "storage" in run.levels:
-        estimate = run_job(measurement_of(records, path, where), gpus, gpus_per_node)
+        estimate = run_job(measurement_of(records, path, where), gpus, gpus_per_node, workload)
         assert estimate.restore is not None  # the job model refuses a run without restores
         storage = (estimate.save.total_s, estimate.restore.total_s)
     target = estimate.target if estimate else job_target(workload, gpus, gpus_per_node)
     if network_Bps is None:
         network_Bps, network_source = run.network_Bps or 1.0, f"the run's own {run.transport}"
-    job = JobSize(target.gpus, target.ranks_per_node, target.nodes,
+    job = JobSize(target.name, target.gpus, target.ranks_per_node, target.nodes,
                   target.heaviest_node_bytes, network_Bps, network_source, storage)
     return TierScaling(path, run, job, scale(run, job), estimate)

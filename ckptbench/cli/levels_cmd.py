@@ -31,6 +31,7 @@ from ckptbench.records import read_records
 from ckptbench.report import levels_figures
 from ckptbench.report.tiers import measured_levels
 from ckptbench.simulate import Failures, simulate
+from ckptbench.spec import load_workload
 from ckptbench.units import format_duration
 
 
@@ -51,13 +52,17 @@ def _job(options: dict[str, Any]) -> tuple[LevelsJob, TierScaling | None]:
 def _level_texts(options: dict[str, Any]) -> tuple[list[str], TierScaling | None]:
     """The levels given, or a tiered run's, scaled to the job (or at the run's size)."""
     texts, path = list(options["level_texts"]), options["tiers_results"]
-    network, at_run = options["node_network"], options["at_run_size"]
-    if path is None:
+    network, at_run, workload = (options["node_network"], options["at_run_size"],
+                                 options["workload"])
+    if path is None or at_run:
         for given, flag in ((network is not None, "--node-network"),
-                            (at_run, "--at-run-size")):
+                            (at_run and path is None, "--at-run-size"),
+                            (workload is not None, "--workload")):
             if given:
-                raise SpecError(f"{flag}: allowed only with --tiers-results (it is how a "
-                                "tiered run's levels are scaled to the job)")
+                raise SpecError(f"{flag}: allowed only with --tiers-results and without "
+                                "--at-run-size (it is how a tiered run's levels are scaled "
+                                "to the job)")
+    if path is None:
         if not texts:
             raise SpecError("--level is required (NAME:SAVE:RESTORE:SCOPE, repeatable), or "
                             "--tiers-results RUN.jsonl of a `ckptbench run --tiers`")
@@ -66,15 +71,13 @@ def _level_texts(options: dict[str, Any]) -> tuple[list[str], TierScaling | None
         raise SpecError("--tiers-results and --level: allowed: one of them (the levels "
                         "measured, or the levels given)")
     if at_run:
-        if network is not None:
-            raise SpecError("--node-network and --at-run-size: allowed: one of them (the "
-                            "levels scaled with that network, or as the run measured them)")
         return measured_levels(path), None
     if options["gpus"] < 1 or options["gpus_per_node"] < 1:
         raise SpecError("--gpus and --gpus-per-node must be integers >= 1")
     rate = parse_network(network) if network is not None else NODE_NETWORK_BPS
     scaling = tier_scaling(path, options["gpus"], options["gpus_per_node"], rate,
-                           NODE_NETWORK_SOURCE if network is None else f"--node-network {network}")
+                           NODE_NETWORK_SOURCE if network is None else f"--node-network {network}",
+                           workload=load_workload(workload) if workload else None)
     return scaling.texts(), scaling
 
 
@@ -111,6 +114,10 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "scaled to the job (400Gb/s, 3.2Tb/s, 50GB/s; a lowercase b: bits; "
                           "measured: the run's own transport) [default: 400Gb/s, a node's host "
                           "network in NVIDIA's HGX reference architecture; docs/cadence.md]."),
+        click.option("--workload", metavar="FILE.toml", default=None,
+                     help="With --tiers-results: the job's workload, its plan at --gpus giving "
+                          "the bytes per node the levels are scaled to [default: the run's own "
+                          "full-size workload]."),
         click.option("--at-run-size", is_flag=True,
                      help="With --tiers-results: the levels as the run measured them, not "
                           "scaled to the job."),
