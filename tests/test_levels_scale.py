@@ -24,6 +24,7 @@ from ckptbench.cadence.levels_scale import (
     NODE_NETWORK_BPS,
     JobSize,
     RunTiers,
+    TierScaling,
     parse_network,
     scale,
     tier_scaling,
@@ -83,6 +84,12 @@ def test_a_case_computed_by_hand() -> None:
         == [(0.5, 0.25), (2.0, 3.0), (10.0, 20.0)]
     level, scope = parse_level(peer.text())  # as `levels --level` takes it
     assert (level.save_s, level.restore_s, scope) == pytest.approx((0.1, 0.15, "node"))
+    # a replication (0.1 s) faster than the node's memory copy (2 s) is cautioned
+    assert "faster than the node's memory copy" in TierScaling(
+        "r", run_, job, (memory, peer, storage), None).cautions()[0]
+    slow = replace(job, network_Bps=1e9)  # 1 GB/s: 2 / 1.6 x 4 s = 5 s, no caution
+    assert scale(run_, slow)[1].save_s == pytest.approx(5.0)
+    assert TierScaling("r", run_, slow, scale(run_, slow), None).cautions() == []
 
 
 @pytest.mark.parametrize(("text", "bytes_per_s"), [

@@ -210,10 +210,24 @@ class TierScaling:
                        f"{format_duration(lv.save_s)}, restore "
                        f"{format_duration(lv.measured_restore_s)} -> "
                        f"{format_duration(lv.restore_s)} ({lv.how})")
+        out += [f"  caution: {c}" for c in self.cautions()]
         if self.estimate is not None and self.estimate.warnings:
             out.append("  storage by the job model, cautions: "
                        + "; ".join(w.message for w in self.estimate.warnings))
         return out
+
+    def cautions(self) -> list[str]:
+        """Where the scaled figures contradict each other: a replication faster than the
+        node's own memory copy of the same bytes (it reads and writes host memory too)."""
+        by = {lv.name: lv for lv in self.levels}
+        memory, peer = by.get("memory"), by.get("peer")
+        if memory is None or peer is None or peer.save_s >= memory.save_s:
+            return []
+        return [f"the peer replication ({format_duration(peer.save_s)}) is faster than the "
+                f"node's memory copy of the same bytes ({format_duration(memory.save_s)}): the "
+                "network given is faster than the memory bandwidth this run's node measured, "
+                "and a replication reads and writes host memory too; measure on a node like "
+                "the job's"]
 
     def to_dict(self) -> dict[str, Any]:
         r, j = self.run, self.job
@@ -228,6 +242,7 @@ class TierScaling:
             "levels": [{"level": lv.name, "scope": lv.scope, "measured_save_s": lv.measured_save_s,
                         "measured_restore_s": lv.measured_restore_s, "save_s": lv.save_s,
                         "restore_s": lv.restore_s, "scaled_by": lv.how} for lv in self.levels],
+            "cautions": self.cautions(),
             "storage_assumptions": self.estimate.assumptions() if self.estimate else [],
         }
 
