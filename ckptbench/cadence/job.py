@@ -21,9 +21,17 @@ from ckptbench.cadence.answer import (
 )
 from ckptbench.cadence.failures import FAILURE_PRESETS, failure_model
 from ckptbench.errors import CkptbenchError, SpecError
-from ckptbench.jobmodel import AsyncMeasurement, JobEstimate, PhaseEstimate, estimate, from_plan
-from ckptbench.jobmodel.measured import read_results
+from ckptbench.jobmodel import (
+    AsyncMeasurement,
+    JobEstimate,
+    PhaseEstimate,
+    Target,
+    estimate,
+    from_plan,
+)
+from ckptbench.jobmodel.measured import Measurement, read_results
 from ckptbench.report.table import Column, Grid
+from ckptbench.spec import Workload
 from ckptbench.units import format_duration, format_size
 
 DEFAULT_GPUS_PER_NODE = 8  # as `cadence --gpus-per-node`
@@ -73,35 +81,49 @@ def _parts(p: PhaseEstimate) -> dict[str, float]:
     return {"data": p.data_s, **once}
 
 
+def job_target(workload: Workload, gpus: int | None, gpus_per_node: int) -> Target:
+    """The full-size job of `workload` at `gpus` (default its world size): its plan's
+    bytes per node and, at its own world size, its restore plan (R for the job restarting
+    on its restore layout, read by its DCP plan, as `cadence` does)."""
+    from ckptbench.plan import build_plan
+    from ckptbench.plan.restore import restore_plan_of
+
+    plan = build_plan(workload)
+    n = gpus or plan.world_size
+    rplan = restore_plan_of(plan) if n == plan.world_size else None
+    return from_plan(plan, gpus_per_node, n, restore_plan=rplan)
+
+
+def run_job(m: Measurement, gpus: int | None, gpus_per_node: int,
+            workload: Workload | None = None) -> JobEstimate:
+    """The job model's estimate for `workload`'s job, by default the full-size job the run
+    was measured for, forced (cautions travel with it); R adds cadence's default restart
+    (``restore.total_s``: the restore alone). SpecError when there is no workload."""
+    workload = workload or m.workload
+    if workload is None:
+        raise SpecError(f"results {m.path}: the run record has no full-size workload "
+                        "(written by an older ckptbench)")
+    return estimate(m, job_target(workload, gpus, gpus_per_node),
+                    restart_overhead_s=DEFAULT_RESTART_OVERHEAD_S,
+                    restart_source=RESTART_OVERHEAD_SOURCE, force=True, source="results")
+
+
 def job_answer(path: str | Path, preset: str, gpus: int | None = None,
                gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> JobAnswer:
     """The answer for the job `path`'s run was measured for (SpecError, one line, when
     the results cannot give one: no workload recorded, no restore, ...)."""
-    from ckptbench.plan import build_plan
-    from ckptbench.plan.restore import restore_plan_of
-
     if preset not in FAILURE_PRESETS:
         raise SpecError(f"--failure-preset {preset!r} is not known; allowed: "
                         f"{', '.join(FAILURE_PRESETS)}")
     m = read_results(path, "results")
-    if m.workload is None:
-        raise SpecError(f"results {path}: the run record has no full-size workload "
-                        "(written by an older ckptbench)")
-    plan = build_plan(m.workload)
-    n = gpus or plan.world_size
-    # as `cadence`: R for the job restarting on its restore layout, read by its DCP plan
-    rplan = restore_plan_of(plan) if n == plan.world_size else None
-    target = from_plan(plan, gpus_per_node, n, restore_plan=rplan)
-    job = estimate(m, target, restart_overhead_s=DEFAULT_RESTART_OVERHEAD_S,
-                   restart_source=RESTART_OVERHEAD_SOURCE, force=True, source="results")
+    job = run_job(m, gpus, gpus_per_node)
+    n, plan_bytes = job.target.gpus, job.target.total_bytes
     assert job.restore_s is not None  # estimate refuses a run without restores
-    save, persist, interference = split_measured(job.save_s, m.asynchronous,
-                                                 plan.total_bytes / n)
+    save, persist, interference = split_measured(job.save_s, m.asynchronous, plan_bytes / n)
     cost = CheckpointCost(save, job.restore_s, persist, interference)
     model = failure_model(preset=preset, gpus=n, gpus_per_host=gpus_per_node)
-    report = analyze(cost, model.mtbf_s, gpus=n, checkpoint_bytes=float(plan.total_bytes))
-    return JobAnswer(str(path), m.workload_name, n, float(plan.total_bytes), model.source,
-                     job, report)
+    report = analyze(cost, model.mtbf_s, gpus=n, checkpoint_bytes=plan_bytes)
+    return JobAnswer(str(path), m.workload_name, n, plan_bytes, model.source, job, report)
 
 
 def _by_part(parts: dict[str, float], extra: dict[str, float] | None = None) -> str:

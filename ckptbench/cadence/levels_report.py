@@ -4,8 +4,8 @@ with the optimum schedule, and the figure of efficiency against each level's int
 A tiered run (``run --tiers``) measures each level's blocking save and restart
 (``report.tiers``' ``tier_levels``); with failure classes and the job's GPUs (``report
 --failure-preset CLASSES --gpus N``) the model (``cadence.multilevel``) gives the schedule
-that maximizes efficiency, as ``ckptbench levels --tiers-results`` does. The levels are the
-run's own, at the run's size: the job model does not scale them.
+that maximizes efficiency, as ``ckptbench levels --tiers-results`` does: the levels scaled
+from the run's size to the job's (``levels_scale``), the measured ones beside them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from typing import Any
 
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
+from ckptbench.cadence.job import DEFAULT_GPUS_PER_NODE
 from ckptbench.cadence.levels_job import LevelsJob, describe, levels_job, optimum_marks
+from ckptbench.cadence.levels_scale import (
+    NODE_NETWORK_BPS,
+    NODE_NETWORK_SOURCE,
+    TierScaling,
+    tier_scaling,
+)
+from ckptbench.errors import CkptbenchError
 from ckptbench.report import levels_figures
 from ckptbench.report.figures import Picture, png
 from ckptbench.report.table import Column, Grid
@@ -47,32 +55,50 @@ def levels_answer(texts: Sequence[str], preset: str, gpus: int
     classes with scopes)."""
     if preset not in fc.CLASS_PRESETS:
         return None
-    job = levels_job(texts, fc.CLASS_PRESETS[preset][1], gpus, 8)
+    job = levels_job(texts, fc.CLASS_PRESETS[preset][1], gpus, DEFAULT_GPUS_PER_NODE)
     return job, ml.answer(job.levels, job.rates, None, job.alone)
 
 
-def levels_grid(label: str, preset: str, job: LevelsJob, result: ml.LevelsAnswer) -> Grid:
-    """One row per level: what it costs, what it survives, how often it is needed, and its
-    interval at the optimum."""
+@dataclass(frozen=True)
+class Scaled:
+    """How a run's levels were brought to the job: the scaling, or why they were not."""
+
+    scaling: TierScaling | None
+    why_not: str = ""
+
+
+def levels_grid(label: str, preset: str, job: LevelsJob, result: ml.LevelsAnswer,
+                scaled: Scaled | None = None) -> Grid:
+    """One row per level: what it costs (at the run and scaled to the job), what it
+    survives, how often it is needed, and its interval at the optimum."""
     marks = optimum_marks(job, result.best)
-    rows = tuple((lv.name, format_duration(lv.save_s), format_duration(lv.restore_s),
-                  format_duration(restart), scope, f"{rate * 86400:.3g}",
-                  format_duration(marks[lv.name][0]))
-                 for lv, scope, rate, restart in zip(job.levels, job.scopes, job.rates,
-                                                     job.restart_s, strict=True))
+    scaling = scaled.scaling if scaled else None
+    at_run = {lv.name: lv for lv in scaling.levels} if scaling else {}
+    rows = []
+    for lv, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
+                                        strict=True):
+        run = at_run.get(lv.name)
+        measured = (format_duration(run.measured_save_s), format_duration(run.measured_restore_s)
+                    ) if run else ("-", "-")
+        rows.append((lv.name, measured[0], format_duration(lv.save_s), measured[1],
+                     format_duration(lv.restore_s), format_duration(restart), scope,
+                     f"{rate * 86400:.3g}", format_duration(marks[lv.name][0])))
     best, alone = result.best, result.last_level_only
     notes = [f"optimum: {describe(best, job.levels)}: efficiency {100 * best.efficiency:.2f} %"]
     if len(job.levels) > 1:
         notes.append(f"{job.levels[-1].name} alone: every "
                      f"{format_duration(alone.schedule.compute_s)}: efficiency "
                      f"{100 * alone.efficiency:.2f} %")
-    notes.append(f"failure classes {preset} at {job.gpus} GPUs; the levels as this run "
-                 "measured them (not scaled to the job); restarts by the default mechanisms "
-                 "(`ckptbench levels --tiers-results` to change them).")
+    notes += scaling.lines() if scaling else [
+        "the levels as this run measured them, not scaled to the job: "
+        + (scaled.why_not if scaled and scaled.why_not else "no scaling asked")]
+    notes.append(f"failure classes {preset} at {job.gpus} GPUs; restarts by the default "
+                 "mechanisms (`ckptbench levels --tiers-results` to change them).")
     return Grid(f"{label}: multi-level cadence", (
-        Column("level", key=True, numeric=False), Column("save"), Column("restart + restore"),
+        Column("level", key=True, numeric=False), Column("save", "at run"), Column("save", "job"),
+        Column("restore", "at run"), Column("restart + restore", "job"),
         Column("of it restart"), Column("survives", numeric=False), Column("needed per day"),
-        Column("interval at optimum")), rows, tuple(notes))
+        Column("interval at optimum")), tuple(rows), tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -90,16 +116,27 @@ class TierCadence:
                        "schedule, the hollow circle: the last level alone.", png(fig))
 
 
-def tier_cadences(views: Sequence[dict[str, Any]], preset: str, gpus: int | None
-                  ) -> list[TierCadence]:
-    """The cadence of every tiered run among `views` (none when `preset` has no classes);
-    `gpus`: the job's, or (None) each run's plan's world size."""
+def tier_cadences(views: Sequence[dict[str, Any]], preset: str, gpus: int | None,
+                  network_Bps: float | None = NODE_NETWORK_BPS,
+                  network_source: str = NODE_NETWORK_SOURCE) -> list[TierCadence]:
+    """The cadence of every tiered run among `views` (none when `preset` has no classes),
+    its levels scaled to the job (`network_Bps` None: the run's own transport); `gpus`:
+    the job's, or (None) each run's plan's world size."""
     out = []
     for view in views:
         texts = run_levels(view)
         size = gpus or int(view.get("run", {}).get("plan", {}).get("world_size", 0))
-        answer = levels_answer(texts, preset, size) if texts and size > 0 else None
+        if not texts or size <= 0 or preset not in fc.CLASS_PRESETS:
+            continue
+        try:
+            scaling = tier_scaling(str(view.get("path")), size, DEFAULT_GPUS_PER_NODE,
+                                   network_Bps, network_source, "results")
+            scaled = Scaled(scaling)
+            texts = scaling.texts()
+        except CkptbenchError as exc:
+            scaled = Scaled(None, str(exc))
+        answer = levels_answer(texts, preset, size)
         if answer is not None:
             label = str(view.get("run", {}).get("run_id") or view.get("path", "run"))
-            out.append(TierCadence(levels_grid(label, preset, *answer), *answer))
+            out.append(TierCadence(levels_grid(label, preset, *answer, scaled), *answer))
     return out

@@ -17,6 +17,13 @@ from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
 from ckptbench.cadence.levels_job import LevelsJob, Restarts, describe, levels_job
 from ckptbench.cadence.levels_report import levels_figure
+from ckptbench.cadence.levels_scale import (
+    NODE_NETWORK_BPS,
+    NODE_NETWORK_SOURCE,
+    TierScaling,
+    parse_network,
+    tier_scaling,
+)
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.progress import current, shows_progress
@@ -24,21 +31,14 @@ from ckptbench.records import read_records
 from ckptbench.report import levels_figures
 from ckptbench.report.tiers import measured_levels
 from ckptbench.simulate import Failures, simulate
+from ckptbench.spec import load_workload
 from ckptbench.units import format_duration
 
 
-def _job(options: dict[str, Any]) -> LevelsJob:
+def _job(options: dict[str, Any]) -> tuple[LevelsJob, TierScaling | None]:
     if options["plot"] is not None:  # before any work
         check_output_path(options["plot"], "--plot", ".png", options["force"])
-    texts = options["level_texts"]
-    if options["tiers_results"] is not None:
-        if texts:
-            raise SpecError("--tiers-results and --level: allowed: one of them (the levels "
-                            "measured, or the levels given)")
-        texts = measured_levels(options["tiers_results"])
-    elif not texts:
-        raise SpecError("--level is required (NAME:SAVE:RESTORE:SCOPE, repeatable), or "
-                        "--tiers-results RUN.jsonl of a `ckptbench run --tiers`")
+    texts, scaling = _level_texts(options)
     classes = fc.classes_from(options["preset"], [fc.parse_class(t)
                                                   for t in options["class_texts"]])
     measured = options["measured_start"]
@@ -46,7 +46,39 @@ def _job(options: dict[str, Any]) -> LevelsJob:
                                    else rs.with_measured_start(_startup(measured), measured))
     return levels_job(texts, classes, options["gpus"], options["gpus_per_node"],
                       Restarts(mechanisms, rs.by_scope(options["restart_texts"])),
-                      options["schedule_text"])
+                      options["schedule_text"]), scaling
+
+
+def _level_texts(options: dict[str, Any]) -> tuple[list[str], TierScaling | None]:
+    """The levels given, or a tiered run's, scaled to the job (or at the run's size)."""
+    texts, path = list(options["level_texts"]), options["tiers_results"]
+    network, at_run, workload = (options["node_network"], options["at_run_size"],
+                                 options["workload"])
+    if path is None or at_run:
+        for given, flag in ((network is not None, "--node-network"),
+                            (at_run and path is None, "--at-run-size"),
+                            (workload is not None, "--workload")):
+            if given:
+                raise SpecError(f"{flag}: allowed only with --tiers-results and without "
+                                "--at-run-size (it is how a tiered run's levels are scaled "
+                                "to the job)")
+    if path is None:
+        if not texts:
+            raise SpecError("--level is required (NAME:SAVE:RESTORE:SCOPE, repeatable), or "
+                            "--tiers-results RUN.jsonl of a `ckptbench run --tiers`")
+        return texts, None
+    if texts:
+        raise SpecError("--tiers-results and --level: allowed: one of them (the levels "
+                        "measured, or the levels given)")
+    if at_run:
+        return measured_levels(path), None
+    if options["gpus"] < 1 or options["gpus_per_node"] < 1:
+        raise SpecError("--gpus and --gpus-per-node must be integers >= 1")
+    rate = parse_network(network) if network is not None else NODE_NETWORK_BPS
+    scaling = tier_scaling(path, options["gpus"], options["gpus_per_node"], rate,
+                           NODE_NETWORK_SOURCE if network is None else f"--node-network {network}",
+                           workload=load_workload(workload) if workload else None)
+    return scaling.texts(), scaling
 
 
 def _startup(path: str) -> dict[str, Any]:
@@ -74,8 +106,21 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--tiers-results", type=click.Path(dir_okay=False), default=None,
                      metavar="RUN.jsonl",
-                     help="The levels as a `run --tiers` measured them (memory, peer, "
-                          "storage at the run's size), instead of --level."),
+                     help="The levels a `run --tiers` measured (memory, peer, storage), "
+                          "scaled to the job (its workload at --gpus, --gpus-per-node; "
+                          "docs/cadence.md), instead of --level."),
+        click.option("--node-network", metavar="BW|measured", default=None,
+                     help="With --tiers-results: a node's network bandwidth, for the peer tier "
+                          "scaled to the job (400Gb/s, 3.2Tb/s, 50GB/s; a lowercase b: bits; "
+                          "measured: the run's own transport) [default: 400Gb/s, a node's host "
+                          "network in NVIDIA's HGX reference architecture; docs/cadence.md]."),
+        click.option("--workload", metavar="FILE.toml", default=None,
+                     help="With --tiers-results: the job's workload, its plan at --gpus giving "
+                          "the bytes per node the levels are scaled to [default: the run's own "
+                          "full-size workload]."),
+        click.option("--at-run-size", is_flag=True,
+                     help="With --tiers-results: the levels as the run measured them, not "
+                          "scaled to the job."),
         click.option("--level", "level_texts", multiple=True,
                      metavar="NAME:SAVE:RESTORE:SCOPE",
                      help="A checkpoint level, cheapest first: blocking save and restore time "
@@ -118,7 +163,11 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _print_levels(job: LevelsJob) -> None:
+def _scaling_json(scaling: TierScaling | None) -> dict[str, Any]:
+    return {} if scaling is None else {"scaling": scaling.to_dict()}
+
+
+def _print_levels(job: LevelsJob, scaling: TierScaling | None) -> None:
     for level, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
                                            strict=True):
         persist = "" if not level.persist_s else (
@@ -134,6 +183,8 @@ def _print_levels(job: LevelsJob) -> None:
         scopes = ", ".join(s for s, n in job.chosen.items() if n == name)
         parts = ", ".join(f"{p} {format_duration(v)}" for p, v in m.parts().items())
         click.echo(f"restart {name} ({scopes}): {format_duration(m.seconds)} = {parts}")
+    for line in scaling.lines() if scaling is not None else ():
+        click.echo(line)
 
 
 def _restarts_json(job: LevelsJob) -> dict[str, Any]:
@@ -149,15 +200,16 @@ def _restarts_json(job: LevelsJob) -> dict[str, Any]:
 def levels_command(**options: Any) -> None:
     """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
     efficiency when cheap copies survive some failures and storage survives all."""
-    job = _job(options)
+    job, scaling = _job(options)
     result = ml.answer(job.levels, job.rates, job.schedule, job.alone)
     if options["plot"] is not None:
         _plot_levels(options["plot"], options["force"], job, result)
     if options["as_json"]:
         click.echo(json.dumps({"gpus": job.gpus, **result.to_dict(),
-                               "restarts": _restarts_json(job)}, indent=2))
+                               "restarts": _restarts_json(job), **_scaling_json(scaling)},
+                               indent=2))
         return
-    _print_levels(job)
+    _print_levels(job, scaling)
     best, alone = result.best, result.last_level_only
     click.echo(f"optimum: {describe(best, job.levels)} -> efficiency "
                f"{100 * best.efficiency:.2f} %")
@@ -209,7 +261,7 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
 def simulate_command(**options: Any) -> None:
     """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
     goodput over replicas and the time lost by cause and by failure class."""
-    job = _job(options)
+    job, scaling = _job(options)
     schedule = job.schedule or ml.optimum(job.levels, job.rates).schedule
     needs = fc.assign(job.scopes, job.classes)
     share, factor = _fewer_nodes(options["fewer_text"])
@@ -231,9 +283,10 @@ def simulate_command(**options: Any) -> None:
     if options["as_json"]:
         click.echo(json.dumps({"gpus": job.gpus, "schedule": {
             "compute_s": schedule.compute_s, "counts": list(schedule.counts)},
-            **run.to_dict(), "restarts": _restarts_json(job)}, indent=2))
+            **run.to_dict(), "restarts": _restarts_json(job), **_scaling_json(scaling)},
+            indent=2))
         return
-    _print_levels(job)
+    _print_levels(job, scaling)
     click.echo(f"schedule: {describe(schedule, job.levels)}")
     click.echo(f"goodput over {run.replicas} runs of {options['days']:g} days: mean "
                f"{100 * run.mean:.2f} % (99 % CI +-{100 * run.ci99:.2f}), p5 "

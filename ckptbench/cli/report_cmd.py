@@ -11,6 +11,7 @@ import click
 from ckptbench.cadence.failures import FAILURE_PRESETS
 from ckptbench.cadence.job import JobAnswer, job_answers, job_grid
 from ckptbench.cadence.levels_report import TierCadence, tier_cadences
+from ckptbench.cadence.levels_scale import NODE_NETWORK_BPS, NODE_NETWORK_SOURCE, parse_network
 from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
@@ -35,11 +36,16 @@ from ckptbench.report.tiers_table import render_tiers, tier_grids
                    "by part, the interval and the goodput.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="With --failure-preset: the job's GPUs [default: the workload's world_size].")
+@click.option("--node-network", metavar="BW|measured", default=None,
+              help="With --failure-preset, for a tiered run: a node's network bandwidth, for "
+                   "its peer tier scaled to the job (as `levels --node-network`) [default: "
+                   "400Gb/s; docs/cadence.md].")
 @width_options
 @shows_progress("report", "reading the results")
 def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
                    plots_dir: str | None, force: bool, failure_preset: str | None,
-                   gpus: int | None, wide: bool, width: int | None) -> None:
+                   gpus: int | None, node_network: str | None, wide: bool,
+                   width: int | None) -> None:
     """Summarize one or more results files (several: side by side, labelled by the options
     that differ); --html and --plots draw each run's timeline, throughput and latency;
     --failure-preset adds what the job will see."""
@@ -51,6 +57,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
     if gpus is not None and failure_preset is None:
         raise SpecError("--gpus needs --failure-preset (the job's failures); allowed: add "
                         f"--failure-preset {next(iter(FAILURE_PRESETS))}, or drop --gpus")
+    network = _network(node_network, failure_preset)
     inputs = [Path(p) for p in results]
     if html_path and not page_out:  # refused before anything is read or drawn
         check_output_path(Path(html_path), "--html", None, force, inputs)
@@ -68,7 +75,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
             check_output_path(png, "--plots", ".png", force, inputs)
     current().phase("modelling the job" if failure_preset else "printing the summary")
     answers = job_answers(list(results), failure_preset, gpus) if failure_preset else None
-    cadences = tier_cadences(loaded, failure_preset, gpus) if failure_preset else []
+    cadences = tier_cadences(loaded, failure_preset, gpus, *network) if failure_preset else []
     closed = None
     try:
         if as_json:
@@ -85,6 +92,17 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
         _draw(runs, html_path, plots_dir, force, (answers, cadences))
     if closed is not None:
         raise closed
+
+
+def _network(text: str | None, failure_preset: str | None) -> tuple[float | None, str]:
+    """--node-network as bytes/s (None: the run's own transport) and its source."""
+    if text is None:
+        return NODE_NETWORK_BPS, NODE_NETWORK_SOURCE
+    if failure_preset is None:
+        raise SpecError("--node-network needs --failure-preset (it scales a tiered run's "
+                        "levels to the job); allowed: add --failure-preset llama3, or drop "
+                        "--node-network")
+    return parse_network(text), f"--node-network {text}"
 
 
 def _print_tables(console: Any, loaded: list[dict[str, Any]],
