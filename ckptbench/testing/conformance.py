@@ -94,11 +94,21 @@ class RemovesTrees(Protocol):
 
 def clear(backend: Backend, prefix: str) -> None:
     """Remove what a test wrote under `prefix`: by remove_tree where the backend has one,
-    else by name (every name listed there)."""
+    else by name (every name listed there), then the directories they were in, deepest
+    first (remove_dir leaves one that is not empty; a store without directories has none)."""
     if isinstance(backend, RemovesTrees):
         backend.remove_tree(prefix)
-    else:
-        backend.delete(backend.list_names(prefix, 1 << 20))
+        return
+    names = backend.list_names(prefix, 1 << 20)
+    backend.delete(names)
+    dirs = {prefix}
+    for name in names:
+        parent = name.rpartition("/")[0]
+        while parent.startswith(f"{prefix}/"):
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
+    for d in sorted(dirs, key=lambda d: -d.count("/")):
+        backend.remove_dir(d)
 
 
 def read_at(backend: Backend, key: str, offset: int, n: int) -> bytes:
