@@ -37,6 +37,7 @@ from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
 from ckptbench.runner.options import RunOptions
 from ckptbench.spec import Workload, parse_workload
+from ckptbench.testing.forwarding import ForwardingWriteHandle
 
 MIB = 1 << 20
 
@@ -339,21 +340,9 @@ class BackendConformance:
         real_open = backend.open_write
         calls = {"n": 0}
 
-        class Failing:
-            def __init__(self, inner: Any) -> None:
-                self.inner = inner
-
+        class Failing(ForwardingWriteHandle):
             def write(self, data: memoryview) -> None:
                 raise BackendError("injected: the store went away")
-
-            def sync(self) -> None:
-                self.inner.sync()
-
-            def close(self) -> None:
-                self.inner.close()
-
-            def abort(self) -> None:
-                self.inner.abort()
 
         def open_write(key: str, size: int) -> Any:
             calls["n"] += 1
