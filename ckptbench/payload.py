@@ -22,6 +22,8 @@ and checked on every byte read back.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -195,25 +197,31 @@ def digest(data: memoryview | np.ndarray | bytes) -> int:
 
 
 class ChunkHasher:
-    """Streaming xxh3-64 digests of consecutive regions, fed by arbitrary buffer slices."""
+    """Streaming xxh3-64 digests of non-overlapping regions, fed by arbitrary buffer slices.
+    The regions may come in any order (a restore plan reads a file's chunks in DCP's
+    order, by key, not by offset): each slice finds its regions by offset."""
 
     def __init__(self, regions: list[Region]) -> None:
         self.regions = regions
         self.hashers = [xxhash.xxh3_64() for _ in regions]
-        self._next = 0
+        ordered = all(a.start <= b.start for a, b in itertools.pairwise(regions))
+        # by offset: the regions' indices (None: their own order) and their ends
+        self._order = None if ordered else sorted(range(len(regions)),
+                                                  key=lambda i: regions[i].start)
+        self._ends = [regions[i].end for i in self._order or range(len(regions))]
 
     def update(self, start: int, data: np.ndarray) -> None:
         end = start + len(data)
-        i = self._next
-        while i < len(self.regions) and self.regions[i].end <= start:
-            i += 1
-        self._next = i
-        while i < len(self.regions) and self.regions[i].start < end:
+        p = bisect.bisect_right(self._ends, start)  # the first region ending past start
+        while p < len(self._ends):
+            i = p if self._order is None else self._order[p]
             r = self.regions[i]
+            if r.start >= end:
+                break
             a, b = max(r.start, start), min(r.end, end)
             if a < b:
                 self.hashers[i].update(data[a - start:b - start].data)
-            i += 1
+            p += 1
 
     def digests(self) -> list[int]:
         return [h.intdigest() for h in self.hashers]

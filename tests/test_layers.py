@@ -223,3 +223,53 @@ def test_the_private_check_sees_uses() -> None:
         "units._split (ckptbench.units)"]
     good = "from ckptbench import units\nunits.parse_size('1', 'x')\nself._x = 1\n"
     assert private_uses("ckptbench.measure", good) == []
+
+
+# Private names of other libraries that a module may use (their own seams, no public one).
+FOREIGN_PRIVATE = {
+    "_exit": "os._exit: a forked child ends without running the parent's cleanup",
+    "_asdict": "a namedtuple's public method, underscored to avoid field names",
+    "_strip_protocol": "fsspec's path normalization, which its file systems all define",
+    "_reader_constructor": "torch DCP's S3 storage reader, swapped for ckptbench's",
+}
+
+
+def private_attribute_uses(module: str, source: str | None = None) -> list[str]:
+    """Where `module` reaches a `_name` member of an object other than self or cls that
+    the module itself never defines (as a function, class, attribute or name): another
+    module's private member, reached through one of its objects."""
+    tree = ast.parse(source if source is not None else MODULES[module].read_text())
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.arg):
+            own.add(node.arg)
+        elif isinstance(node, ast.alias):
+            own.add(node.asname or node.name.rpartition(".")[2])
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _private(node.attr)
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            and node.attr not in own and node.attr not in FOREIGN_PRIVATE]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_member_of_another_modules_objects(module: str) -> None:
+    """An object's `_names` belong to the module that defines its class: another module
+    that needs one needs a public method (S3's read-ahead issues the reader's GETs
+    through S3Reader.get_range, not its private _range)."""
+    used = private_attribute_uses(module)
+    assert not used, f"{module} reaches other modules' private members: {used}"
+
+
+def test_the_private_member_check_sees_uses() -> None:
+    bad = ("def f(reader):\n    return reader._range(0, b'')\n")
+    assert private_attribute_uses("ckptbench.backends.s3.boto_readahead", bad) == [
+        "line 2: reader._range"]
+    good = ("class R:\n    def _range(self): ...\n\n"
+            "def f(r: R):\n    return r._range(), self._x, os._exit\n")
+    assert private_attribute_uses("ckptbench.backends.s3.boto_readahead", good) == []

@@ -31,6 +31,23 @@ def test_restore_phase_records_whether_it_verified(tmp_path: Path, verify: bool)
     assert planned > 0 and sum(r["bytes"] for r in ranks) == planned  # every byte was read
 
 
+def test_no_verify_restoring_whole_files_reads_every_byte(tmp_path: Path) -> None:
+    """`--restore-plan files` takes the same engine: more blocks per thread than its ring
+    has buffers, each handed back unread (the whole-file path once stalled here: its
+    drain never gave a buffer back)."""
+    req = build_request(ROOT / "workloads" / "tiny.toml", str(tmp_path / "t"), iterations=1,
+                        verify=False, restore_plan="files", block_size="64KiB",
+                        stall_timeout="20s")
+    results = tmp_path / "r.jsonl"
+    measure(req, results)
+    recs = [json.loads(line) for line in results.read_text().splitlines()]
+    phase = next(r for r in recs if r.get("type") == "phase" and r["phase"] == "restore")
+    assert phase["ok"] is True and phase["verified"] is False
+    saved = sum(r["bytes"] for r in recs if r.get("type") == "rank" and r["phase"] == "save")
+    restored = [r for r in recs if r.get("type") == "rank" and r["phase"] == "restore"]
+    assert saved > 0 and sum(r["bytes"] for r in restored) == saved  # every byte was read
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run([sys.executable, "-m", "ckptbench", "run", *args], capture_output=True,

@@ -3,8 +3,9 @@
 Per I/O thread a producer generates payload into a ring of aligned buffers (off the
 clock: the first buffers are filled before the barrier) and a writer times every
 open/write/fsync/close. Restore mirrors it: a reader fills the ring, a verifier checks
-each chunk's digest. Shared files (N-1) are created by process 0 before the barrier.
-A restore plan's ranged reads (DCP's load) are :class:`ckptbench.formats.ranged.RangedRestore`.
+each chunk's digest (:class:`ckptbench.formats.ranged.RangedRestore`, one engine for a
+restore plan's ranged reads and for whole files). Shared files (N-1) are created by
+process 0 before the barrier.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptbench.backends.base import SharedFileWrites, unsupported
-from ckptbench.errors import VerificationError
 from ckptbench.formats.base import (
     FileJob,
     FormatBase,
@@ -27,13 +27,9 @@ from ckptbench.formats.base import (
     round_up,
 )
 from ckptbench.formats.pipeline import BufferRing, aligned_buffer, assign_threads
-from ckptbench.formats.ranged import RangedRestore
+from ckptbench.formats.ranged import RangedRestore, by_size
 from ckptbench.formats.verify import describe_difference, first_difference
 from ckptbench.payload import ChunkHasher, PayloadGenerator, Region
-
-
-def by_size(job: FileJob) -> int:
-    return job.size
 
 
 class PlanBytes:
@@ -205,70 +201,7 @@ class RawFormat(RangedRestore, FormatBase):
         self._held = rings
         return results
 
-    # --- restore ---
-    def _read(self, ring: BufferRing, jobs: list[FileJob], res: ThreadResult) -> None:
-        try:
-            for j, job in enumerate(jobs):
-                t0 = now()
-                handle = self.backend.open_read(job.key)
-                res.op("open", job.index, 0, t0, now())
-                try:
-                    off = 0
-                    while off < job.size:
-                        i = ring.take_free()
-                        if i is None:
-                            return
-                        want = min(self.block, job.size - off)
-                        view = memoryview(ring.buffers[i])[:round_up(want, self.align)]  # type: ignore[arg-type]
-                        t0 = now()
-                        got = handle.readinto(job.offset + off, view)
-                        t1 = now()
-                        res.op("read", job.index, min(got, want), t0, t1)
-                        if got < want:
-                            raise VerificationError(
-                                f"{job.key}: short read at offset {off + got} (file has "
-                                f"{off + got} of {job.size} bytes)")
-                        ring.put((j, off, i, want))
-                        self.progress(want)
-                        off += want
-                finally:
-                    t0 = now()
-                    handle.close()
-                    res.op("close", job.index, 0, t0, now())
-        except BaseException as exc:
-            res.error = exc
-            ring.stop()
-        finally:
-            ring.put(None)
-
-    def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
-                res: ThreadResult) -> None:
-        checks: dict[int, PlanBytes] = {}
-        try:
-            while True:
-                item = ring.take()
-                if item is None:
-                    break
-                j, off, i, n = item
-                h = checks.get(j)
-                if h is None:
-                    h = checks[j] = self.job_bytes(jobs[j])
-                bad = h.update(off, ring.buffers[i][:n])
-                if bad:
-                    res.mismatches.append(bad)
-                ring.give_back(i)
-            for j, job in enumerate(jobs):
-                if res.error is not None:
-                    break
-                h = checks.get(j) or self.job_bytes(job)
-                want = expected[job.name]["digests"]
-                for region, got_d, want_d in zip(job.regions, h.digests(), want, strict=True):
-                    if got_d != want_d:
-                        res.mismatches.append(self._locate(job, region))
-        except BaseException as exc:
-            res.error = res.error or exc
-            ring.stop()
-
+    # --- restore (the engine: formats.ranged.RangedRestore) ---
     def _locate(self, job: FileJob, region: Region) -> str:
         """Name the chunk, file and first differing byte (re-reads the chunk, off the clock);
         or say the bytes are intact and it is the recorded digest that differs."""
@@ -290,28 +223,3 @@ class RawFormat(RangedRestore, FormatBase):
             return (f"{where}: bytes differ from offset {job.offset + region.start + first} "
                     f"(chunk byte {first} of {n})")
         return f"{where}: {describe_difference(data, expected)}"
-
-    def restore_files(self, jobs: list[FileJob], manifest_key: str
-                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
-        # Buffers are allocated and their pages faulted in before the clock starts.
-        self._held = None
-        groups = assign_threads(jobs, self.nthreads, by_size)
-        rings = [BufferRing(max(2, min(self.nbuf, 4)), self.block) for _ in groups]
-        for r in rings:
-            r.touch()
-        self.backend.warm_reads()
-        self.group.barrier()
-        manifest, span = self.read_manifest(manifest_key, jobs)
-        expected = manifest["files"]
-        results = [ThreadResult() for _ in groups]
-        threads = []
-        for r, g, res in zip(rings, groups, results, strict=True):
-            threads.append(threading.Thread(target=self._read, args=(r, g, res), daemon=True))
-            check = self._verify if self.o.verify else self._drain
-            threads.append(threading.Thread(target=check, args=(r, g, expected, res),
-                                            daemon=True))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results, span

@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from ckptbench.errors import SpecError
-from ckptbench.formats.base import FileJob, ThreadResult, round_up
+from ckptbench.formats.base import FileJob, PlannedRestore, Restored, ThreadResult, round_up
 from ckptbench.formats.codecs import CodecSpec
 from ckptbench.formats.raw import PlanBytes, RawFormat
 from ckptbench.formats.torch_save_container import Container, State, Tensor, build_container
@@ -174,6 +174,10 @@ class TorchSaveFormat(RawFormat):
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
         return super().save(self._containers(jobs))
 
-    def restore_files(self, jobs: list[FileJob], manifest_key: str
-                      ) -> tuple[list[ThreadResult], tuple[int, int]]:
-        return super().restore_files(self._containers(jobs), manifest_key)
+    def restore(self, jobs: list[FileJob], manifest_key: str,
+                planned: PlannedRestore | None = None) -> Restored:
+        """Whole files only (a restore plan's chunks sit elsewhere in a container)."""
+        if planned is not None:
+            raise SpecError("--format torch-save cannot restore by a restore plan; allowed: "
+                            "--restore-plan files")
+        return super().restore(self._containers(jobs), manifest_key)

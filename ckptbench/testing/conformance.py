@@ -37,6 +37,7 @@ from ckptbench.runner.comm import SingleComm
 from ckptbench.runner.driver import RunFailed, run_iterations
 from ckptbench.runner.options import RunOptions
 from ckptbench.spec import Workload, parse_workload
+from ckptbench.testing.forwarding import ForwardingWriteHandle
 
 MIB = 1 << 20
 
@@ -94,11 +95,21 @@ class RemovesTrees(Protocol):
 
 def clear(backend: Backend, prefix: str) -> None:
     """Remove what a test wrote under `prefix`: by remove_tree where the backend has one,
-    else by name (every name listed there)."""
+    else by name (every name listed there), then the directories they were in, deepest
+    first (remove_dir leaves one that is not empty; a store without directories has none)."""
     if isinstance(backend, RemovesTrees):
         backend.remove_tree(prefix)
-    else:
-        backend.delete(backend.list_names(prefix, 1 << 20))
+        return
+    names = backend.list_names(prefix, 1 << 20)
+    backend.delete(names)
+    dirs = {prefix}
+    for name in names:
+        parent = name.rpartition("/")[0]
+        while parent.startswith(f"{prefix}/"):
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
+    for d in sorted(dirs, key=lambda d: -d.count("/")):
+        backend.remove_dir(d)
 
 
 def read_at(backend: Backend, key: str, offset: int, n: int) -> bytes:
@@ -329,21 +340,9 @@ class BackendConformance:
         real_open = backend.open_write
         calls = {"n": 0}
 
-        class Failing:
-            def __init__(self, inner: Any) -> None:
-                self.inner = inner
-
+        class Failing(ForwardingWriteHandle):
             def write(self, data: memoryview) -> None:
                 raise BackendError("injected: the store went away")
-
-            def sync(self) -> None:
-                self.inner.sync()
-
-            def close(self) -> None:
-                self.inner.close()
-
-            def abort(self) -> None:
-                self.inner.abort()
 
         def open_write(key: str, size: int) -> Any:
             calls["n"] += 1

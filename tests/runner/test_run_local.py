@@ -127,7 +127,8 @@ class _Sabotage(LocalBackend):
         return super().drop_cache(keys)
 
 
-def _run_sabotaged(tmp_path, action: str) -> tuple[RunFailed, list[dict]]:
+def _run_sabotaged(tmp_path, action: str, restore_plan: str = "dcp"
+                   ) -> tuple[RunFailed, list[dict]]:
     w = load_workload(TINY)
     plan = build_plan(w)
     backend = _Sabotage(str(tmp_path / "t"), LocalOptions(io="buffered"))
@@ -136,7 +137,7 @@ def _run_sabotaged(tmp_path, action: str) -> tuple[RunFailed, list[dict]]:
     writer = JsonlSink(tmp_path / "r.jsonl")
     writer.open()
     writer.write({"type": "run", "schema": "ckptbench.results/1"})
-    opts = RunOptions(run_id=f"run-{uuid.uuid4().hex[:6]}", threads=1)
+    opts = RunOptions(run_id=f"run-{uuid.uuid4().hex[:6]}", threads=1, restore_plan=restore_plan)
     # One process plays all four plan ranks (a contiguous group, as under MPI).
     with pytest.raises(RunFailed) as err:
         run_iterations(plan, [0, 1, 2, 3], [0, 1, 2, 3], backend, SingleComm(), opts, writer)
@@ -144,8 +145,11 @@ def _run_sabotaged(tmp_path, action: str) -> tuple[RunFailed, list[dict]]:
     return err.value, records(tmp_path / "r.jsonl")
 
 
-def test_a_flipped_byte_fails_the_run_naming_chunk_file_and_offset(tmp_path):
-    err, recs = _run_sabotaged(tmp_path, "flip")
+@pytest.mark.parametrize("restore_plan", ["dcp", "files"])
+def test_a_flipped_byte_fails_the_run_naming_chunk_file_and_offset(tmp_path, restore_plan):
+    """Each chunk a restore plan reads, or a whole file read in blocks: the same engine
+    finds the byte."""
+    err, recs = _run_sabotaged(tmp_path, "flip", restore_plan)
     message = str(err)
     assert err.exit_code == 1
     assert "__1_0.distcp" in message and "bytes differ from offset 100000" in message

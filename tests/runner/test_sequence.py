@@ -4,42 +4,43 @@ all writes then all reads, run by the real driver on forked local ranks."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptbench.backends.base import PlannedReads
+from ckptbench.backends.base import Backend, PlannedReads, ReadHandle, WriteHandle
 from ckptbench.errors import RunFailed, SpecError
 from ckptbench.measure import build_request, measure
 from ckptbench.records import read_records
 from ckptbench.runner import RunOptions
 from ckptbench.runner.sequence import SEQUENCES, Step, steps
+from ckptbench.testing.forwarding import ForwardingBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "workloads" / "tiny.toml"
 MIB = 1 << 20
 
 
-class KeyLog:
+class KeyLog(ForwardingBackend):
     """Forwards to the backend it wraps and appends 'w KEY' / 'r KEY' to `log` for every
     file opened for writing or reading (each forked rank appends its own lines). With
     `redirect` (old, new), reads of data files whose key holds `old` read `new` instead
     (the manifest is left alone): a restore given another checkpoint's bytes."""
 
-    def __init__(self, inner: Any, log: Path, redirect: tuple[str, str] | None = None) -> None:
-        self._inner, self._log, self._redirect = inner, log, redirect
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def __init__(self, inner: Backend, log: Path, redirect: tuple[str, str] | None = None
+                 ) -> None:
+        super().__init__(inner)
+        self._log, self._redirect = log, redirect
 
     def _note(self, op: str, key: str) -> None:
         with open(self._log, "a") as f:
             f.write(f"{op} {key}\n")
 
-    def open_write(self, key: str, size: int) -> Any:
+    def open_write(self, key: str, size: int) -> WriteHandle:
         self._note("w", key)
-        return self._inner.open_write(key, size)
+        return self.inner.open_write(key, size)
 
     def _read_key(self, key: str) -> str:
         if self._redirect and self._redirect[0] in key and not key.endswith(".metadata"):
@@ -47,14 +48,14 @@ class KeyLog:
         self._note("r", key)
         return key
 
-    def open_read(self, key: str) -> Any:
-        return self._inner.open_read(self._read_key(key))
+    def open_read(self, key: str) -> ReadHandle:
+        return self.inner.open_read(self._read_key(key))
 
-    def open_read_planned(self, key: str, spans: Any) -> Any:
+    def open_read_planned(self, key: str, spans: Sequence[tuple[int, int]]) -> ReadHandle:
         # the DCP restore plan opens its files this way (a backend may fetch ahead)
-        if isinstance(self._inner, PlannedReads):
-            return self._inner.open_read_planned(self._read_key(key), spans)
-        return self._inner.open_read(self._read_key(key))
+        if isinstance(self.inner, PlannedReads):
+            return self.inner.open_read_planned(self._read_key(key), spans)
+        return self.inner.open_read(self._read_key(key))
 
 
 def test_steps_of_each_sequence() -> None:

@@ -64,7 +64,7 @@ class BotoReadAhead:
     def _get(self, reader: S3Reader, key: str, size: list[int], offset: int,
              length: int) -> Chunk:
         buf = self._buffer(length)
-        n = reader._range(offset, memoryview(buf)[:length], size)
+        n = reader.get_range(offset, memoryview(buf)[:length], size)
         if size:
             total = size[0]
         elif n < length:  # the object ends inside this GET (or before it)

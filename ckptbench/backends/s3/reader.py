@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class _BodyCut(Exception):
-    """A body cut after its headers (retried by S3Reader._range, not by botocore)."""
+    """A body cut after its headers (retried by S3Reader.get_range, not by botocore)."""
 
     def __init__(self, exc: BaseException) -> None:
         super().__init__(str(exc))
@@ -43,13 +43,13 @@ class S3Reader(ReadHandle):
             return 0
         k = max(1, min(self.b.concurrency, n // MIN_RANGE))
         if k == 1:
-            return self._range(offset, view)
+            return self.get_range(offset, view)
         step = -(-n // k)
         pieces = [(offset + s, view[s:s + step]) for s in range(0, n, step)]
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.b.concurrency, thread_name_prefix="ckptbench-s3")
-        futures = [self.pool.submit(self._range, off, piece) for off, piece in pieces[1:]]
-        got = [self._range(*pieces[0])]
+        futures = [self.pool.submit(self.get_range, off, piece) for off, piece in pieces[1:]]
+        got = [self.get_range(*pieces[0])]
         got += [f.result() for f in futures]
         total = 0
         for (_, piece), g in zip(pieces, got, strict=True):
@@ -58,12 +58,13 @@ class S3Reader(ReadHandle):
                 break
         return total
 
-    def _range(self, offset: int, view: memoryview, size: list[int] | None = None) -> int:
-        """One ranged GET into `view`, in a place of the process's window (narrowed while the
-        endpoint pushes back, as for saves: window.backing_off); body errors (after the
-        headers) are retried here, since botocore's retries end when the response headers
-        arrive. `size`, where given and empty, gets the object's size from the response's
-        Content-Range."""
+    def get_range(self, offset: int, view: memoryview, size: list[int] | None = None) -> int:
+        """One ranged GET into `view`: the unit the read-ahead issues into its staging
+        buffers (readinto splits a large read into several). It takes a place of the
+        process's window (narrowed while the endpoint pushes back, as for saves:
+        window.backing_off); body errors (after the headers) are retried here, since
+        botocore's retries end when the response headers arrive. `size`, where given and
+        empty, gets the object's size from the response's Content-Range."""
         b = self.b
         window = b.process().window
         for attempt in range(1, b.max_attempts + 1):
