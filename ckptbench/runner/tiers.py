@@ -147,7 +147,7 @@ class TierRun:
             me = ("127.0.0.1" if loopback else machine, self.server.port)
             self.addresses = self.comm.bcast(self.comm.gather(me))
             self.transport = "tcp-loopback" if loopback else "tcp"
-            if self.comm.kind == "mpi":
+            if self.comm.kind == "mpi" and self.spec.peer_transport == "auto":
                 self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)

@@ -175,6 +175,19 @@ def test_under_mpirun_two_nodes_of_two_ranks(tmp_path: Path, memory_dir: Path) -
 
 
 @needs_mpi
+def test_under_mpirun_peer_transport_tcp_keeps_the_sockets(tmp_path: Path,
+                                                          memory_dir: Path) -> None:
+    """--peer-transport tcp under mpirun: the replicas go over TCP, as without MPI (the
+    two transports compared under one launcher)."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer", "--ranks-per-node", "2",
+                  "--iterations", "1", "--peer-transport", "tcp", mpi=4)
+    assert {r["transport"] for r in recs if r["type"] == "tier"
+            and r["tier"] == "peer"} == {"tcp-loopback"}
+    assert all(r["verified"] for r in recs if r["type"] == "tier_restore")
+    assert not list(memory_dir.iterdir())
+
+
+@needs_mpi
 def test_under_mpirun_a_group_lost_mixes_memory_peer_and_storage(tmp_path: Path,
                                                                  memory_dir: Path) -> None:
     """4 nodes of 1 rank under mpirun: in the group restart, the replica fetched by MPI,
