@@ -51,7 +51,7 @@ from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
 from ckptbench.runner.startup import startup_record
-from ckptbench.runner.tiers import place_tiers
+from ckptbench.runner.tier_store import place_tiers
 
 Progress = Callable[[int], None]
 

@@ -19,12 +19,16 @@ import contextlib
 import mmap
 import os
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ckptbench.errors import SpecError
-from ckptbench.plan.tiers import TierPlan
+from ckptbench.plan import Plan
+from ckptbench.plan.tiers import TierPlan, plan_tiers
+from ckptbench.runner.options import RunOptions
+from ckptbench.runner.scheduler import slurm_node
 from ckptbench.units import format_size
 
 RUN_DIR_PREFIX = "ckptbench-"
@@ -177,3 +181,18 @@ def check_memory(tplan: TierPlan, proc_bytes: list[int], hosts: list[str],
         raise SpecError(f"--memory-dir {spec.memory_dir}: the nodes on host {host} would hold "
                         f"{format_size(per_host[host])}, it has {format_size(free)} free; "
                         "allowed: a larger --scale, fewer --peer-replicas or nodes per host")
+
+
+def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts: list[str]
+                ) -> tuple[RunOptions, SpecError | None]:
+    """The options with the tiers placed on the run's processes (plan.tiers) and their
+    copies checked against the memory budget; or the one-line refusal."""
+    try:
+        tplan = plan_tiers(options.tiers, hosts, "slurm nodes" if slurm_node() else
+                           "launcher hosts")
+        if tplan is None:
+            return options, None
+        check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)
+    except SpecError as exc:
+        return options, exc
+    return replace(options, tier_plan=tplan), None

@@ -8,8 +8,9 @@ memory   a plain copy of the state into new memory (the physical limit), then th
          into the node's shared memory file (runner.tier_store): the blocking part, as
          async mode's snapshot is measured
 peer     a plain transfer of the same bytes to the first holder over the same transport
-         (discarded there), then the shard to each of its k holders (runner.tier_peer),
-         timed until every holder acknowledged the complete replica
+         (discarded there), then the shard to each of its k holders, timed until every
+         holder acknowledged the complete replica: over MPI point-to-point when MPI
+         launched the run (runner.tier_mpi), else TCP sockets (runner.tier_peer)
 storage  every --storage-every-th checkpoint: the ordinary save and restore (driver)
 
 The copies of the checkpoint before the last two are removed as a new one is held. After
@@ -19,6 +20,10 @@ process  a process restarts on its intact node: each reads its node's memory cop
 node     the last node is replaced: its memory copies and the replicas it held are
          removed, its processes fetch their shards from surviving holders; the others
          read their memory copies
+group    the last node's replication group is lost (it and every node holding its
+         replicas): the newest checkpoint in storage (kept for this) restores, the shards
+         no tier holds from storage by the DCP load plan, the rest from memory or
+         surviving peers, at once (runner.tier_storage)
 
 Every byte restored is checked against the save's digests (kept by process 0, as a
 manifest is); a mismatch or a shard no tier holds is one line naming it.
@@ -27,27 +32,23 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckptbench.errors import RunFailed, SpecError, describe_error
+from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats.base import file_jobs, now
 from ckptbench.payload import PayloadGenerator, digest
-from ckptbench.plan import Plan
-from ckptbench.plan.tiers import HELD_COPIES, TierPlan, plan_tiers
+from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
-from ckptbench.runner.options import RunOptions
-from ckptbench.runner.scheduler import slurm_node
-from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send
+from ckptbench.runner.cleanup import remove_checkpoint
+from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
+from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_storage import StoragePart, beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
-    check_memory,
     copy_name,
     make_dirs,
     node_dir,
@@ -58,25 +59,6 @@ from ckptbench.runner.tier_store import (
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
-
-
-def _threads(calls: list[Callable[[], None]]) -> None:
-    """Run `calls` at once; raise the first error."""
-    errors: list[BaseException] = []
-
-    def wrap(call: Callable[[], None]) -> None:
-        try:
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrap, args=(c,), daemon=True) for c in calls]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
@@ -110,18 +92,23 @@ class TierRun:
         self.server: PeerServer | None = None
         self.addresses: list[tuple[str, int]] = []
         self.transport = ""
+        self.mpi: MpiPeers | None = None  # MPI launched the run: replicas go by MPI
+        self.sinks: dict[int, np.ndarray] = {}  # MPI: the plain transfers' destinations
+        self.kept = 0  # the storage checkpoint kept for the group restart (0: none)
 
     # --- the run ---
     def run_all(self) -> None:
         ok = False
         try:
             self._start()
+            group = (self.tp.last_stored(self.o.iterations)
+                     if self.o.restore and self.spec.use != ("storage",) else 0)
             for it in range(1, self.o.iterations + 1):
                 self._checkpoint(it)
                 if self.tp.stores(it):
                     self.run.claim(it)
                     self.run.save(it)
-                    self.run.restore(it)  # the storage restart: measured, verified, removed
+                    self._storage_restart(it, keep=it == group)
             if self.o.restore and self.spec.use != ("storage",):
                 try:
                     self._restarts(self.o.iterations)
@@ -135,17 +122,33 @@ class TierRun:
         finally:
             self._stop(ok)
 
+    def _storage_restart(self, it: int, keep: bool) -> None:
+        """The storage restart: measured, verified, removed; the newest one kept for the
+        group restart (removed by :meth:`_stop`)."""
+        if not keep:
+            self.run.restore(it)
+            return
+        self.kept = it
+        self.run.options = replace(self.o, keep=True)
+        try:
+            self.run.restore(it)
+        finally:
+            self.run.options = self.o
+
     def _start(self) -> None:
         # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
         # nodes Slurm emulates on one machine have names no resolver knows.
         machine = socket.gethostname()
-        loopback = len(set(self.comm.bcast(self.comm.gather(machine)))) == 1
+        machines = self.comm.bcast(self.comm.gather(machine))
+        loopback = len(set(machines)) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
         if self.spec.has("peer"):
             self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
             me = ("127.0.0.1" if loopback else machine, self.server.port)
             self.addresses = self.comm.bcast(self.comm.gather(me))
             self.transport = "tcp-loopback" if loopback else "tcp"
+            if self.comm.kind == "mpi" and self.spec.peer_transport == "auto":
+                self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
         self.sizes: list[int] = self.comm.bcast(self.comm.gather(self.nbytes))
@@ -153,8 +156,15 @@ class TierRun:
         self.state.fill(0)  # faulted in off the clock, as a training state is
         self.plain = np.zeros(self.nbytes, dtype=np.uint8)  # the plain copy's destination
         self.plain.fill(0)
+        if self.mpi is not None:  # a plain transfer's destination per sender, off the clock
+            self.sinks = {p: np.zeros(self.sizes[p], dtype=np.uint8)
+                          for p in self.tp.held_for(self.proc)
+                          if self.tp.holders(p)[0] == self.proc}
 
     def _stop(self, ok: bool) -> None:
+        if self.kept and self.comm.rank == 0 and not self.o.keep:
+            remove_checkpoint(self.run.backend, self.run.made,
+                              self.run.plan.checkpoint_name(self.kept))
         remove_names(self.mine)
         if self.server is not None:
             remove_names(self.server.held)
@@ -212,20 +222,41 @@ class TierRun:
             holders = self.tp.holders(self.proc)
             for src in self.tp.held_for(self.proc):  # off the clock
                 self.server.prepare(src, it, self.sizes[src])
-            self.comm.barrier()
-            t0 = now()
-            send(self.addresses[holders[0]], SINK, self.proc, it, state)
-            t1 = now()
-            self.comm.barrier()
-            t2 = now()
-            _threads([partial(send, self.addresses[h], PUT, self.proc, it, state)
-                      for h in holders])
-            t3 = now()
+            t0, t1, t2, t3 = self._replicate(it, state, holders)
             self._record("peer", it, (t2, t3), (t1 - t0) / 1e9, "plain transfer",
                          transport=self.transport, holders=holders,
                          replicas=len(holders))
         self.comm.barrier()  # every copy of `it` held: the oldest is let go
         self._drop(it - HELD_COPIES)
+
+    def _replicate(self, it: int, state: np.ndarray, holders: list[int]
+                   ) -> tuple[int, int, int, int]:
+        """The plain transfer to the first holder, then the replicas to every holder
+        (over MPI or TCP); the clock readings around each."""
+        assert self.server is not None
+        self.comm.barrier()
+        t0 = now()
+        if self.mpi is not None:
+            self.mpi.exchange([(holders[0], state)], list(self.sinks.items()), TAG_PLAIN)
+        else:
+            send(self.addresses[holders[0]], SINK, self.proc, it, state)
+        t1 = now()
+        self.comm.barrier()
+        t2 = now()
+        if self.mpi is not None:
+            copies = {p: self.server.take(p, it, self.sizes[p])
+                      for p in self.tp.held_for(self.proc)}
+            self.mpi.exchange([(h, state) for h in holders],
+                              [(p, c.view) for p, c in copies.items()], TAG_REPLICA)
+            for c in copies.values():
+                c.commit()  # held only once every byte is in
+            t3 = now()
+            for c in copies.values():
+                c.release()
+        else:
+            send_all([self.addresses[h] for h in holders], PUT, self.proc, it, state)
+            t3 = now()
+        return t0, t1, t2, t3
 
     def _drop(self, it: int) -> None:
         if it < 1:
@@ -244,56 +275,59 @@ class TierRun:
         self._restart("process", it, set(), expected)
         if self.spec.has("peer"):
             self._restart("node", it, {self.tp.nodes - 1}, expected)
+        if self.kept:
+            lost = set(self.tp.group(self.tp.nodes - 1))
+            self._restart("group", self.kept, lost, self.comm.bcast(self.expected.get(self.kept)))
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
         """One restart scenario, collectively: the baseline first (a plain copy of the
         state, or a plain transfer of its bytes from the same holder, every process at
         once), then the state dropped and read back into memory allocated before the
-        clock starts (a framework builds its model before it loads), then verified."""
+        clock starts (a framework builds its model before it loads), then verified. In
+        the group scenario storage serves what no tier holds, beside the tiers."""
         error: str | None = None
-        source = self.tp.serving_tier(self.proc, lost)
+        held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
+        source = self.tp.serving_tier(self.proc, lost) if held else None
         if self.plain.nbytes != self.nbytes:
             self.plain = np.zeros(self.nbytes, dtype=np.uint8)
+        if scenario == "group":  # storage is read cold, as after its own save
+            self.run.evict(it)
         self.comm.barrier()
         base = (0, 0)
         try:
-            t = now()
-            if source is not None and source[0] == "peer":
-                fetch(self.addresses[source[1]], self.proc, it, self.plain, SOURCE)
-            elif self.state is not None:
-                np.copyto(self.plain, self.state)
-            base = (t, now())
+            base = self._baseline(source, it, lost)
         except BaseException as exc:
             error = describe_error(exc)[1]
         data, self.state = self.plain, None  # the process restarts: its state is gone
         if self.node in lost:  # the node replaced: its copies are gone with it
             self._drop(it)
         self.comm.barrier()
-        try:
+        fetched: tuple[bool, int, int] | None = None
+        if self.mpi is not None and self.spec.has("peer"):  # collective, on this thread
+            try:
+                t = now()
+                fetched = (self._mpi_fetch(it, lost, data), t, now())
+            except BaseException as exc:
+                error = error or describe_error(exc)[1]
+
+        def serve() -> dict[str, Any]:
             if error:
                 raise RunFailed(error, "peer")
             if source is None:
                 raise RunFailed(self._missing(it, lost), "missing")
-            tier, holder = source
-            t0 = now()
-            if tier == "memory":
-                read_copy(self.dir / copy_name(self.proc, it), data)
-            elif not fetch(self.addresses[holder], self.proc, it, data):
-                raise RunFailed(self._missing(it, lost, holder), "missing")
-            t1 = now()
-            self._verify(data, expected[self.proc], it, tier, holder)
-            t2 = now()
+            return self._serve(source, it, data, expected[self.proc], base, fetched)
+
+        try:
+            if scenario == "group":  # collective: every process enters the storage read
+                rec, part = beside_storage(self.run, it, serve if source or error else None)
+                rec = rec or self._from_storage(part)
+            else:
+                rec = serve()
             self.state, self.plain = data, np.empty(0, dtype=np.uint8)
-            self.records.append({
-                "type": "tier_restore", "scenario": scenario, "iteration": it,
-                "process": self.proc, "node": self.node, "tier": tier,
-                "from_node": self.tp.node_of[holder], "from_process": holder,
-                "bytes": len(data), "start_ns": t0 + self.offset, "end_ns": t1 + self.offset,
-                "seconds": (t1 - t0) / 1e9, "verify_s": (t2 - t1) / 1e9, "verified": True,
-                "baseline_s": (base[1] - base[0]) / 1e9,
-                "baseline": "plain copy" if tier == "memory" else "plain transfer",
-                "lost_nodes": sorted(lost)})
+            self.records.append({"type": "tier_restore", "scenario": scenario,
+                                 "iteration": it, "process": self.proc, "node": self.node,
+                                 **rec, "lost_nodes": sorted(lost)})
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
         errors = self.comm.gather(error)
@@ -302,6 +336,68 @@ class TierRun:
         if first:  # no partial restart is summarized as one: its records go
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
+
+    def _baseline(self, source: tuple[str, int] | None, it: int, lost: set[int]
+                  ) -> tuple[int, int]:
+        """A restart's baseline, every process at once: a plain transfer of the shard's
+        bytes from the same holder (peer), or a plain copy of the state (memory)."""
+        t = now()
+        if self.mpi is not None and self.spec.has("peer"):  # collective
+            self._mpi_fetch(it, lost, self.plain, zeros=True)
+        elif source is not None and source[0] == "peer":
+            fetch(self.addresses[source[1]], self.proc, it, self.plain, SOURCE)
+        if source is not None and source[0] == "memory" and self.state is not None:
+            t = now()
+            np.copyto(self.plain, self.state)
+        return t, now()
+
+    def _mpi_fetch(self, it: int, lost: set[int], out: np.ndarray, zeros: bool = False
+                   ) -> bool:
+        """Collective (MPI): every holder sends the replicas a restart fetches from it
+        (`zeros`: as many made-up bytes, the plain transfer) into the fetching process's
+        `out`; whether this process got its replica."""
+        assert self.mpi is not None and self.server is not None
+        held = it > self.o.iterations - HELD_COPIES
+        sources = [self.tp.serving_tier(q, lost) if held else None
+                   for q in range(len(self.sizes))]
+        serves = [(q, None if zeros else self.server.path(q, it), self.sizes[q])
+                  for q, src in enumerate(sources) if src == ("peer", self.proc)]
+        mine = sources[self.proc]
+        return self.mpi.fetch(serves, mine[1] if mine and mine[0] == "peer" else None, out)
+
+    def _serve(self, source: tuple[str, int], it: int, data: np.ndarray, want: list[int],
+               base: tuple[int, int], fetched: tuple[bool, int, int] | None
+               ) -> dict[str, Any]:
+        """`data` read from its tier's copy (`fetched`: already by MPI: whether it came,
+        and when) and verified; the restore record's fields."""
+        tier, holder = source
+        t0 = now()
+        if tier == "memory":
+            read_copy(self.dir / copy_name(self.proc, it), data)
+        elif fetched is not None:
+            if not fetched[0]:
+                raise RunFailed(self._missing(it, set(), holder), "missing")
+            t0 = fetched[1]
+        elif not fetch(self.addresses[holder], self.proc, it, data):
+            raise RunFailed(self._missing(it, set(), holder), "missing")
+        t1 = now() if fetched is None or tier == "memory" else fetched[2]
+        self._verify(data, want, it, tier, holder)
+        t2 = now()
+        return {"tier": tier, "from_node": self.tp.node_of[holder], "from_process": holder,
+                "bytes": len(data), "start_ns": t0 + self.offset, "end_ns": t1 + self.offset,
+                "seconds": (t1 - t0) / 1e9, "verify_s": (t2 - t1) / 1e9, "verified": True,
+                "baseline_s": (base[1] - base[0]) / 1e9,
+                "baseline": "plain copy" if tier == "memory" else "plain transfer"}
+
+    def _from_storage(self, part: StoragePart) -> dict[str, Any]:
+        """The restore record's fields of a shard storage served (the format checked each
+        chunk against the manifest's digest as it read; its time includes that)."""
+        return {"tier": "storage", "from_node": None, "from_process": None,
+                "bytes": part.bytes, "start_ns": part.start_ns + self.offset,
+                "end_ns": part.end_ns + self.offset,
+                "seconds": (part.end_ns - part.start_ns) / 1e9, "verify_s": 0.0,
+                "verified": self.o.verify, "baseline_s": 0.0, "baseline": None,
+                "reads": part.reads}
 
     def _shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)
@@ -327,18 +423,3 @@ class TierRun:
             self.run.sink.write_all([r for recs in gathered for r in recs])
             if error is not None:
                 self.run.sink.write(error)
-
-
-def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts: list[str]
-                ) -> tuple[RunOptions, SpecError | None]:
-    """The options with the tiers placed on the run's processes (plan.tiers) and their
-    copies checked against the memory budget; or the one-line refusal."""
-    try:
-        tplan = plan_tiers(options.tiers, hosts, "slurm nodes" if slurm_node() else
-                           "launcher hosts")
-        if tplan is None:
-            return options, None
-        check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)
-    except SpecError as exc:
-        return options, exc
-    return replace(options, tier_plan=tplan), None
