@@ -101,10 +101,13 @@ class S3Backend(Backend):
         """One line for the usual ways S3 says no (never a key, never a traceback)."""
         resolved = self.clients.resolved
         endpoint = public_endpoint(resolved.endpoint if resolved else self.options.endpoint_url)
-        limits = (f"a lower --s3-concurrency (now {self.concurrency}) or a larger "
-                  f"--s3-max-attempts (now {self.max_attempts})")
         return translate(exc, f"{self.target}: {action}", endpoint or "the default S3 endpoint",
-                         self.bucket, action, self.options.read_timeout, limits)
+                         self.bucket, action, self.options.read_timeout, self.limits())
+
+    def limits(self) -> str:
+        """The options that size the load, named where the endpoint gave up under it."""
+        return (f"a lower --s3-concurrency (now {self.concurrency}) or a larger "
+                f"--s3-max-attempts (now {self.max_attempts})")
 
     @contextlib.contextmanager
     def calls(self, action: str) -> Any:
