@@ -229,6 +229,12 @@ class Backend(ABC):
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
         the target and nothing else is left in it."""
 
+    def cleaning_up(self, unresponsive: bool) -> None:
+        """The run ended on this process: what it calls from now on is cleanup, bounded
+        (a store with timeouts shortens them); `unresponsive`: the ranks saw the storage
+        stop answering (a stall), so the cleanup gets one short try. Default: nothing."""
+        return None
+
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         """What a cleanup leaves under `prefix` (the cleanup record's `left`): the names
         listed there. A store that can hold more than names (unfinished uploads) or that

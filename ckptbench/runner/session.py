@@ -387,6 +387,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         if lease is not None:
             lease.stop()
         if launcher.root:
+            if not clean:  # bounded from here; after a stall, one short try (the budget)
+                req.backend.cleaning_up(failure is not None and failure.kind == "stall")
             _finish(req, names, clean, sink, notice)
         launcher.barrier()
         req.backend.release()

@@ -12,6 +12,7 @@ import collections
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +55,8 @@ class ProcessState:
         self.counters: collections.Counter[str] = collections.Counter()
         self.buffers: list[bytearray] = []
         self.dead = False  # the endpoint stopped answering: cleanup tries once, quickly
+        self.budget_from: float | None = None  # the first cleanup call since (monotonic)
+        self.cleaning = False  # the run ended here: every request is cleanup's (bounded)
         self.window = Window()  # parts in flight, narrowed while the endpoint pushes back
 
     def count(self, key: str, n: int = 1) -> None:
@@ -64,6 +67,28 @@ class ProcessState:
         with self.lock:
             for key in keys:
                 self.counters[key] += 1
+
+    def stopped_answering(self) -> None:
+        """The endpoint did not answer (refused, timed out, a stall): the cleanup's calls
+        from now on get one short try each, within CLEANUP_BUDGET_S in all."""
+        self.dead = True
+
+    def answered(self) -> None:
+        """The endpoint answered: the cleanup is patient again."""
+        self.dead, self.budget_from = False, None
+
+    def cleanup_kind(self) -> str | None:
+        """The client kind for a cleanup call: 'quick'; 'last' once the endpoint stopped
+        answering; None (no call) once the cleanup has spent CLEANUP_BUDGET_S on it since
+        (counted from its first call then, not from the failure: a lease renewal that
+        failed long before the end of the run spends nothing)."""
+        if not self.dead:
+            return "quick"
+        with self.lock:
+            now = time.monotonic()
+            if self.budget_from is None:
+                self.budget_from = now
+            return "last" if now - self.budget_from < CLEANUP_BUDGET_S else None
 
     def take_stats(self) -> dict[str, int]:
         """The counters since the last call, then reset."""
@@ -91,6 +116,11 @@ SHORT_CLIENTS = {
     "quick": (2.0, 10.0, 2),  # probing the target; every cleanup call (delete, abort)
     "last": (2.0, 5.0, 1),  # cleanup once the endpoint stopped answering: one quick try
 }
+# Once the endpoint has stopped answering, a process's cleanup makes calls for this long
+# from its first (each one try, 'last'), then none: what it could not abort or delete is named in the
+# cleanup record's `left` and the run's intent stays for --clean-debris. A call answered
+# in that time ends it (the endpoint is back: the cleanup goes on as usual).
+CLEANUP_BUDGET_S = 10.0
 
 
 class S3Clients:
