@@ -281,7 +281,7 @@ def test_the_command_line_starts_without_matplotlib() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ckptbench.cli; "
+    code = ("import sys, ckptbench.cli; ckptbench.cli._register(); "  # every command module
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.strip()
