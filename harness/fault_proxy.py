@@ -22,7 +22,9 @@ _ERRORS = {
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
-FAULTS = ("503", "500", "reset", "truncate", "freeze")
+FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause")
+PAUSE_S = 3.0  # how long a "pause" stops reading a request's body
+PAUSE_AFTER = 1 << 20  # ... after its first MiB
 
 
 class FaultProxy(Loopback):
@@ -35,12 +37,18 @@ class FaultProxy(Loopback):
     every later one (new connections are still accepted, as a SIGSTOPped server's kernel
     does) wait unanswered until :meth:`thaw`, then are reset, never forwarded. Unlike a
     SIGSTOP, nothing sent while frozen reaches the server later, so what the server holds
-    is fixed at the freeze. Everything else is forwarded unchanged (the Host header is
+    is fixed at the freeze. ``"pause"`` stops reading the request's body for PAUSE_S after
+    its first MiB (a server short of CPU), then forwards it. Everything else is forwarded unchanged (the Host header is
     kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
+
+    `hold_s`: each matching request waits that long before its fault or its forwarding (a
+    slow endpoint: a client's requests are all in flight before the first fault), and
+    `peak` is the most matching requests in the proxy at once among those that came once
+    the faults were spent: how many a client sends again at once while it retries.
     """
 
     def __init__(self, upstream: str, faults: list[str] | None = None,
-                 match: Callable[[str, str], bool] | None = None) -> None:
+                 match: Callable[[str, str], bool] | None = None, hold_s: float = 0.0) -> None:
         unknown = sorted(set(faults or []) - set(FAULTS))
         if unknown:
             raise ValueError(f"FaultProxy faults {unknown}: allowed are {', '.join(FAULTS)}")
@@ -51,6 +59,9 @@ class FaultProxy(Loopback):
         self.injected: list[tuple[str, str, str]] = []
         self.user_agents: list[str] = []  # of every request, in order
         self.forwarded = 0
+        self.hold_s = hold_s
+        self.active = 0  # matching requests being forwarded now
+        self.peak = 0
         self.frozen = threading.Event()
         self.thawed = threading.Event()
         self.lock = threading.Lock()
@@ -67,6 +78,24 @@ class FaultProxy(Loopback):
             fault = self.faults.pop(0)
             self.injected.append((fault, method, path))
             return fault
+
+    def hold(self, method: str, path: str, faulted: bool) -> bool:
+        """A matching request waits `hold_s`; whether it counts in `peak` (one that got no
+        fault: the faults are spent; call `release` once it is answered)."""
+        if not self.match(method, path):
+            return False
+        counted = not faulted
+        with self.lock:
+            if counted:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+        if self.hold_s:
+            self.thawed.wait(self.hold_s)
+        return counted
+
+    def release(self) -> None:
+        with self.lock:
+            self.active -= 1
 
     def thaw(self) -> None:
         """Reset every request held since the freeze (none of them reaches the server)."""
@@ -124,9 +153,13 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
 
-    def _body(self) -> bytes:
+    def _body(self, pause: bool) -> bytes:
         n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+        if not pause or n <= PAUSE_AFTER:
+            return self.rfile.read(n) if n else b""
+        head = self.rfile.read(PAUSE_AFTER)
+        self.server.proxy.thawed.wait(PAUSE_S)  # the client's sends block meanwhile
+        return head + self.rfile.read(n - PAUSE_AFTER)
 
     def _reset(self) -> None:
         """Close with RST (SO_LINGER 0), as a crashed server or a middlebox would."""
@@ -148,8 +181,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         proxy = self.server.proxy
-        body = self._body()
         fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""))
+        body = self._body(pause=fault == "pause")
+        counted = proxy.hold(self.command, self.path, faulted=fault is not None)
+        try:
+            self._answer(body, fault)
+        finally:
+            if counted:
+                proxy.release()
+
+    def _answer(self, body: bytes, fault: str | None) -> None:
+        proxy = self.server.proxy
         if fault is not None and fault in _ERRORS:
             self._error(fault)
             return
