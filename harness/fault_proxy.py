@@ -22,9 +22,10 @@ _ERRORS = {
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
-FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause")
+FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause", "slow")
 PAUSE_S = 3.0  # how long a "pause" stops reading a request's body
 PAUSE_AFTER = 1 << 20  # ... after its first MiB
+SLOW_RATE = 4 << 20  # bytes per second a "slow" request's body is read at
 
 
 class FaultProxy(Loopback):
@@ -38,7 +39,8 @@ class FaultProxy(Loopback):
     does) wait unanswered until :meth:`thaw`, then are reset, never forwarded. Unlike a
     SIGSTOP, nothing sent while frozen reaches the server later, so what the server holds
     is fixed at the freeze. ``"pause"`` stops reading the request's body for PAUSE_S after
-    its first MiB (a server short of CPU), then forwards it. Everything else is forwarded unchanged (the Host header is
+    its first MiB (a server short of CPU), then forwards it; ``"slow"`` reads the body at
+    SLOW_RATE (a slow link), then forwards it. Everything else is forwarded unchanged (the Host header is
     kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
 
     `hold_s`: each matching request waits that long before its fault or its forwarding (a
@@ -153,9 +155,15 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
 
-    def _body(self, pause: bool) -> bytes:
+    def _body(self, fault: str | None) -> bytes:
         n = int(self.headers.get("Content-Length") or 0)
-        if not pause or n <= PAUSE_AFTER:
+        if fault == "slow":
+            got = bytearray()
+            while len(got) < n:  # a tenth of a second's worth at a time
+                got += self.rfile.read(min(SLOW_RATE // 10, n - len(got)))
+                self.server.proxy.thawed.wait(0.1)
+            return bytes(got)
+        if fault != "pause" or n <= PAUSE_AFTER:
             return self.rfile.read(n) if n else b""
         head = self.rfile.read(PAUSE_AFTER)
         self.server.proxy.thawed.wait(PAUSE_S)  # the client's sends block meanwhile
@@ -182,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _proxy(self) -> None:
         proxy = self.server.proxy
         fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""))
-        body = self._body(pause=fault == "pause")
+        body = self._body(fault)
         counted = proxy.hold(self.command, self.path, faulted=fault is not None)
         try:
             self._answer(body, fault)

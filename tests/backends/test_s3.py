@@ -407,3 +407,23 @@ def test_a_server_that_stops_reading_a_body_for_a_while_does_not_abort_the_part(
         assert read_at(b, "ck/x", 0, len(data)) == data
         b.remove_tree("ck")
         b.release()
+
+
+def test_a_part_sent_slowly_but_steadily_is_not_aborted(s3env: MinioServer) -> None:
+    """A part assembled in a part buffer goes out 1 MiB per send, each with the send
+    timeout: a link slower than the part's size over that timeout (here 32 MiB at 4 MiB/s,
+    against timeouts of 5 s) is not a reason to abort it. Before, the part was one send
+    bounded as a whole, and was cut and sent again."""
+    parts = lambda m, p: m == "PUT" and "partNumber=" in p  # noqa: E731
+    with FaultProxy(s3env.endpoint, ["slow"], parts) as proxy:  # part 1
+        b = s3(f"s3://{s3env.bucket}/slow/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               connect_timeout=1.0, read_timeout=5.0, part_size=32 * MIB, concurrency=1)
+        b.prepare()
+        b.stats()
+        data = os.urandom(40 * MIB)
+        write_object(b, "ck/x", data)  # blocks of 1 MiB, copied into the part's buffer
+        assert [i[0] for i in proxy.injected] == ["slow"]
+        assert b.stats()["retries"] == 0
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        b.remove_tree("ck")
+        b.release()

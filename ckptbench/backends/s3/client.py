@@ -226,14 +226,14 @@ class S3Clients:
 
 def send_timeout(connect: float, read: float) -> float:
     """botocore's connect timeout for the client that moves the data. urllib3 applies it to
-    the TCP connect *and to sending the whole request* (urllib3 issue #857): each send() of
-    a part's body may wait that long for the server to take more bytes. A server that is
-    short of CPU (a MinIO on a loaded 2-core host) stops reading a connection for more than
-    5 s at times, and every such part was aborted ("Connection aborted: timed out", which
-    botocore calls ConnectionClosedError) and sent again from its first byte: 138-307
-    retries per 8-rank save, and saves that stalled (benchmarks/results/
-    2026-12-s3-under-load.md). So the body gets the read timeout, as the answer does; the
-    target's probe and the cleanup calls (no large bodies) keep their short connect."""
+    the TCP connect *and to sending the request* (urllib3 issue #857), and Python bounds a
+    sendall() as a whole: a part's body sent as one bytearray had 5 s to reach the server.
+    On a loaded 2-core host 32 parts of 64 MiB shared 30-80 MB/s, so nearly every part was
+    aborted ("Connection aborted: timed out", which botocore calls ConnectionClosedError)
+    and sent again from its first byte: 138-307 retries per 8-rank save, and saves that
+    stalled (benchmarks/results/2026-12-s3-under-load.md). So the body gets the read
+    timeout, as the answer does, per 1 MiB send (writer.request_body); the target's probe
+    and the cleanup calls (no large bodies) keep their short connect."""
     return max(connect, read)
 
 
