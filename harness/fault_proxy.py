@@ -23,6 +23,7 @@ _ERRORS = {
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
 FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause", "slow")
+BODY_FAULTS = ("pause", "slow")  # taken before the body is read (the others after it)
 PAUSE_S = 3.0  # how long a "pause" stops reading a request's body
 PAUSE_AFTER = 1 << 20  # ... after its first MiB
 SLOW_RATE = 4 << 20  # bytes per second a "slow" request's body is read at
@@ -71,10 +72,22 @@ class FaultProxy(Loopback):
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def next_fault(self, method: str, path: str, user_agent: str) -> str | None:
-        """Record the request; the fault it gets, if any."""
+    def body_fault(self, method: str, path: str) -> str | None:
+        """The fault at the head of the queue if it acts on reading the body (BODY_FAULTS)."""
+        with self.lock:
+            if not (self.faults and self.faults[0] in BODY_FAULTS and self.match(method, path)):
+                return None
+            fault = self.faults.pop(0)
+            self.injected.append((fault, method, path))
+            return fault
+
+    def next_fault(self, method: str, path: str, user_agent: str,
+                   taken: str | None = None) -> str | None:
+        """Record the request; the fault it gets, if any (`taken`: its body fault)."""
         with self.lock:
             self.user_agents.append(user_agent)
+            if taken is not None:
+                return taken
             if not (self.faults and self.match(method, path)):
                 return None
             fault = self.faults.pop(0)
@@ -189,8 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         proxy = self.server.proxy
-        fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""))
-        body = self._body(fault)
+        taken = proxy.body_fault(self.command, self.path)
+        body = self._body(taken)
+        fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""),
+                                 taken)
         counted = proxy.hold(self.command, self.path, faulted=fault is not None)
         try:
             self._answer(body, fault)

@@ -5,7 +5,7 @@ and watches them: progress comes through a shared array, records (process 0's) a
 first error through queues (read by a thread of the parent's, so a message half written
 by a killed rank never blocks it), and a process that dies, or stalls while alive
 (SIGSTOP included: runner.watch_ranks), makes the parent stop the rest (no hang); a
-stalled rank's threads are dumped first (runner.thread_dump), to stderr and the record. No
+stalled rank's threads are dumped first (runner.thread_dump), into the error record. No
 wait of the parent's is on a lock a rank could hold. Every child asks the kernel to kill it when the parent dies (PR_SET_PDEATHSIG), so
 no rank outlives a killed parent.
 """
@@ -16,7 +16,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -245,24 +244,22 @@ def _run_ranks(procs: list[Any], shared: Shared, inbox: Inbox, sink: JsonlSink |
     if first_dead is None and stall is None and all(p.exitcode == 0 for p in procs):
         return
     kind, message, recorded = stall or _failure(ranks, procs, first_dead, inbox)
-    threads = _stalled_threads(kind, ranks, shared, first_dead)
+    threads = _stalled_threads(kind, shared, first_dead)
     if sink is not None and not recorded:  # a rank died or stalled: the record says why
         sink.write(ErrorRecord(0, "run", kind, message, threads=threads))
         sink.flush()
     raise RunFailed(message, kind)
 
 
-def _stalled_threads(kind: str, ranks: list[int], shared: Shared,
+def _stalled_threads(kind: str, shared: Shared,
                      first_dead: tuple[int, int] | None) -> str | None:
-    """The thread dump of the rank that stalled (None for other failures), also on stderr."""
+    """The thread dump of the rank that stalled, for the error record (None for other
+    failures); stderr keeps its one line, which names where each thread waited."""
     if kind != "stall":
         return None
     for index, dump in enumerate(shared.dumps):
         threads = dump.read()
         if threads and (first_dead is None or first_dead[0] == index):
-            sys.stderr.write(f"rank {ranks[index]} stalled; its threads, innermost call "
-                             f"first:\n{threads.rstrip()}\n")
-            sys.stderr.flush()
             return threads
     return None
 

@@ -3,7 +3,7 @@
 "rank 7 stalled: no byte moved for 120 s" leaves the user to guess whether the rank sat
 in a storage call that never returned, a lock, a retry's backoff or its own bookkeeping.
 So a stall names, per thread, the innermost frame of the run's own code and the call it
-was in, and the whole dump goes to stderr and the error record.
+was in (in its one line), and the whole dump goes to the error record.
 
 Two ways to get it: a process that sees its own stall (runner.stall) formats its threads
 in Python (with their names); the local launcher's parent, which also sees stalls the rank
