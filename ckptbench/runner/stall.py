@@ -129,7 +129,7 @@ class StallWatch:
                 stalled = what is not None and not self._paused and idle >= self.timeout
             if stalled:
                 self.fired = True
-                threads = format_threads(skip=threading.get_ident())
+                threads = format_threads()
                 if self.dump is not None:
                     self.dump(threads)
                 self.on_stall(with_threads(stall_message(self.who, self.timeout, str(what)),

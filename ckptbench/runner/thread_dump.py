@@ -5,8 +5,8 @@ in a storage call that never returned, a lock, a retry's backoff or its own book
 So a stall names, per thread, the innermost frame of the run's own code and the call it
 was in (in its one line), and the whole dump goes to the error record.
 
-Two ways to get it: a process that sees its own stall (runner.stall) formats its threads
-in Python (with their names); the local launcher's parent, which also sees stalls the rank
+Two ways to get it: a process that sees its own stall (runner.stall) dumps its threads
+through faulthandler and names them from threading; the local launcher's parent, which also sees stalls the rank
 cannot (runner.watch_ranks), asks the rank with DUMP_SIGNAL, answered by faulthandler from
 C (no Python code of the rank's has to run, a thread holding the GIL does not stop it)
 into a file the parent made and unlinked before the fork (`DumpFile`: nothing to delete).
@@ -19,12 +19,10 @@ import faulthandler
 import os
 import re
 import signal
-import sys
 import sysconfig
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 
 DUMP_SIGNAL = signal.SIGUSR1
@@ -61,19 +59,17 @@ def _short(path: str) -> str:
     return os.path.basename(path)
 
 
-def format_threads(skip: int | None = None) -> str:
-    """Every thread of this process but `skip` (an ident), innermost frame first, in
-    faulthandler's format with the thread's name for its id."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    out: list[str] = []
-    for ident, frame in sys._current_frames().items():
-        if ident == skip:
-            continue
-        out.append(f"Thread {names.get(ident, hex(ident))} (most recent call first):")
-        out.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}'
-                   for f in reversed(traceback.extract_stack(frame)))
-        out.append("")
-    return "\n".join(out)
+def format_threads() -> str:
+    """Every thread of this process, innermost frame first (faulthandler's text), each
+    thread named where threading knows it."""
+    with tempfile.TemporaryFile() as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        text = f.read(DUMP_BYTES).decode(errors="replace")
+    for t in threading.enumerate():
+        if t.ident is not None:
+            text = text.replace(f"hread 0x{t.ident:016x} (", f"hread {t.name} (")
+    return text
 
 
 def parse(dump: str) -> list[tuple[str, list[Frame]]]:
