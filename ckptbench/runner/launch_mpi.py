@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -284,8 +284,9 @@ class MPILauncher(Launcher):
             if factor:
                 def scaled(k: int) -> None:
                     progress(int(k * factor))
-        watch = StallWatch(req.options.stall_timeout, _exit_stalled,
-                           f"MPI rank {comm.rank} on {comm.host()}")
+        who = f"MPI rank {comm.rank} on {comm.host()}"
+        watch = StallWatch(req.options.stall_timeout, _exit_stalled, who,
+                           dump=_print_threads(who))
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
                            scaled, watch, req.names)
@@ -339,6 +340,15 @@ def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[st
     """The run record's `scheduler` entry (Slurm's job, step and placement), if any."""
     found = placement(step_facts(), places, groups)
     return {"scheduler": found} if found else {}
+
+
+def _print_threads(who: str) -> Callable[[str], None]:
+    """A stalled rank's thread dump, on its stderr (mpirun/srun collect it; no MPI call:
+    the watchdog is not the main thread)."""
+    def dump(threads: str) -> None:
+        sys.stderr.write(f"{who} stalled; its threads, innermost call first:\n"
+                         f"{threads.rstrip()}\n")
+    return dump
 
 
 def _exit_stalled(message: str) -> None:

@@ -185,6 +185,9 @@ class S3Clients:
         o = self.options
         connect, read, attempts = SHORT_CLIENTS.get(
             kind, (float(o.connect_timeout), float(o.read_timeout), o.max_attempts))
+        connect, read = min(connect, float(o.connect_timeout)), min(read, float(o.read_timeout))
+        if kind == "main":
+            connect = send_timeout(connect, read)
         s3cfg: dict[str, Any] = {"addressing_style": r.addressing_style}
         if o.payload_signing != "auto":
             s3cfg["payload_signing_enabled"] = o.payload_signing == "on"
@@ -199,8 +202,8 @@ class S3Clients:
             # saved fell from 0.69 to 0.65 s here (docs/s3.md): CPU a small server gets back.
             user_agent=user_agent(),
             parameter_validation=False,
-            connect_timeout=min(connect, float(o.connect_timeout)),
-            read_timeout=min(read, float(o.read_timeout)),
+            connect_timeout=connect,
+            read_timeout=read,
             # total_max_attempts counts the first try; botocore's max_attempts counts retries.
             retries={"mode": "standard", "total_max_attempts": min(attempts, o.max_attempts)},
             request_checksum_calculation=o.checksum,
@@ -216,8 +219,22 @@ class S3Clients:
         def created(request: Any, **_: Any) -> None:
             if count_attempt(proc.count_each, request) in ("connection", "throttle"):
                 proc.window.congested()
+                proc.window.rejoin()  # this retry waits for a place in the narrowed window
         events.register("request-created.s3", created)
         return client
+
+
+def send_timeout(connect: float, read: float) -> float:
+    """botocore's connect timeout for the client that moves the data. urllib3 applies it to
+    the TCP connect *and to sending the request* (urllib3 issue #857), and Python bounds a
+    sendall() as a whole: a part's body sent as one bytearray had 5 s to reach the server.
+    On a loaded 2-core host 32 parts of 64 MiB shared 30-80 MB/s, so nearly every part was
+    aborted ("Connection aborted: timed out", which botocore calls ConnectionClosedError)
+    and sent again from its first byte: 138-307 retries per 8-rank save, and saves that
+    stalled (benchmarks/results/2026-12-s3-under-load.md). So the body gets the read
+    timeout, as the answer does, per 1 MiB send (writer.request_body); the target's probe
+    and the cleanup calls (no large bodies) keep their short connect."""
+    return max(connect, read)
 
 
 PY_SIGV4 = "ckptbench-s3v4"  # botocore's own S3 SigV4 signer, under a name of ours
