@@ -35,7 +35,7 @@ import numpy as np
 
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import FileJob, now
-from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes, manifest_name
+from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes
 from ckptbench.formats.ranged import restore_positions
 from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
@@ -173,7 +173,7 @@ def verify_pieces(plan: Plan, gen: PayloadGenerator, jobs: list[FileJob],
             want, d = chunk_bytes(gen, ChunkTask(job, k, kid, c.offsets, c.sizes, c.nbytes),
                                   NP_DTYPES[c.dtype])
             name = f"chunk {c.key} at offsets {list(c.offsets)} ({where})"
-            if d != expected[manifest_name(job)]["digests"][read.digest]:
+            if d != expected[job.name]["digests"][read.digest]:
                 out.append(f"{name}: its planned bytes do not match the manifest's digest")
                 continue
             off, arr = held[kid]

@@ -161,5 +161,3 @@ class WatchedGroup:
     def host(self) -> str:
         return str(self._group.host())
 
-    def __getattr__(self, name: str) -> Any:  # clock offsets and the like: the group's own
-        return getattr(self._group, name)

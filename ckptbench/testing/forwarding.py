@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
@@ -218,6 +219,10 @@ class ForwardingBackend(Backend):
     @property
     def endpoint_url(self) -> str | None:
         return self.inner.endpoint_url
+
+    @property
+    def local_dir(self) -> Path | None:
+        return self.inner.local_dir
 
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()

@@ -43,7 +43,6 @@ from ckptbench.formats.common import (
     checkpoint_of,
     chunk_bytes,
     chunk_tasks,
-    manifest_name,
 )
 from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
@@ -369,7 +368,7 @@ class ZarrFormat(FormatBase):
                     break
                 t, data = item
                 got = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-                want = expected[manifest_name(t.job)]["digests"][t.region]
+                want = expected[t.job.name]["digests"][t.region]
                 if len(got) != t.nbytes or digest(got) != want:
                     res.mismatches.append(self._describe_mismatch(t, got, ckpt))
                 feed.release(t.nbytes)
