@@ -42,6 +42,7 @@ from ckptbench.formats.base import (
     Group,
     PlannedRestore,
     ThreadResult,
+    from_root,
     now,
 )
 from ckptbench.formats.codecs import CodecSpec
@@ -251,7 +252,7 @@ class TorchDcpFormat(FormatBase):
             host = "127.0.0.1" if len(set(hosts)) == 1 else self.group.host()
             store = dist.TCPStore(host, 0, self.group.size, is_master=True, wait_for_workers=False)
             address = (host, store.port)
-        address = self.group.bcast(address)
+        address = from_root(self.group, address)
         if store is None:
             store = dist.TCPStore(address[0], address[1], self.group.size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=self.group.rank,

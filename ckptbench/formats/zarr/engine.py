@@ -36,7 +36,15 @@ import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import VerificationError
-from ckptbench.formats.base import FileJob, FormatBase, FormatOptions, Group, ThreadResult, now
+from ckptbench.formats.base import (
+    FileJob,
+    FormatBase,
+    FormatOptions,
+    Group,
+    ThreadResult,
+    from_root,
+    now,
+)
 from ckptbench.formats.codecs import CodecSpec, parse_codec
 from ckptbench.formats.common import (
     ChunkTask,
@@ -119,7 +127,7 @@ class ZarrFormat(FormatBase):
         process learns which plan ranks run."""
         if self._meta_keys is None:
             gathered = self.group.gather(list(self.ranks))
-            running = self.group.bcast(sorted(r for g in gathered for r in g)
+            running = from_root(self.group, sorted(r for g in gathered for r in g)
                                       if gathered is not None else None)
             mine = set(self.ranks)
             self._meta_keys = [k for k in range(len(self.plan.keys))
