@@ -201,7 +201,7 @@ class AsyncLoop:
         self.full = staging >= self.state.nbytes
         self.expected = self.state.load(jobs, self.fmt.gen)
         copy_bw = self.state.copy_bandwidth(staging)
-        kernel = open_kernel(lo.kernel, self.state.kind, getattr(self.state, "device", None))
+        kernel = open_kernel(lo.kernel, self.state.kind, self.state.device)
         self.comm.barrier()  # every process calibrates at once, as they will step
         sched = schedule(self._agree(unit_seconds(kernel)), lo.step_seconds)
         total = (self.o.iterations + 1) * lo.steps_per_checkpoint
