@@ -212,8 +212,7 @@ class TorchDcpFormat(FormatBase):
 
     def _s3torchconnector(self) -> bool:
         """DCP's S3 storage from s3torchconnector (--s3-transport s3torchconnector)."""
-        options = self.backend.options
-        return isinstance(options, S3Options) and options.transport == DCP_STORAGE
+        return isinstance(o := self.backend.options, S3Options) and o.transport == DCP_STORAGE
 
     def _writer(self, ckpt: str) -> Any:
         import torch.distributed.checkpoint as dcp
