@@ -158,6 +158,9 @@ class ForwardingBackend(Backend):
     def release(self) -> None:
         self.inner.release()
 
+    def cleaning_up(self, unresponsive: bool) -> None:
+        self.inner.cleaning_up(unresponsive)
+
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         return self.inner.left_behind(prefix, limit)
 
