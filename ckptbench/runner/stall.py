@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Iterator
 
 from ckptbench.formats.base import Group, T
-
 from ckptbench.runner.thread_dump import format_threads, summarize
 
 OnStall = Callable[[str], None]
