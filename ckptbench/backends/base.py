@@ -18,6 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from ckptbench import __version__
@@ -345,6 +346,12 @@ class Backend(ABC):
     def endpoint_url(self) -> str | None:
         """The endpoint another client (s3fs under torch DCP) should use for this target;
         None: that client's own configuration."""
+        return None
+
+    @property
+    def local_dir(self) -> Path | None:
+        """The local directory this target is, where it is one: a library writing through
+        its own storage layer (torch DCP's FileSystemWriter) writes there; None: not local."""
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
-from ckptbench.runner.session import Launcher, Progress, Topology
+from ckptbench.runner.session import Launcher, Progress, RankProgress, Topology
 from ckptbench.runner.stall import OnStall, Publish, StallWatch, with_threads
 from ckptbench.runner.thread_dump import DumpFile
 from ckptbench.runner.watch_ranks import Inbox, RankWatch
@@ -275,7 +275,7 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
     others (they may wait for it in a gather), and those still running GRACE_S later are
     stopped. Returns (index, exit code) of the first rank that failed, or the stall."""
     reported = 0
-    per_rank = getattr(on_progress, "ranks", None)  # a progress that shows each rank
+    per_rank = on_progress.ranks if isinstance(on_progress, RankProgress) else None
     first_dead: tuple[int, int] | None = None
     stall: Failure | None = None
     failed_at = 0.0

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, describe_error
-from ckptbench.formats.base import now
+from ckptbench.formats.base import from_root, now
 from ckptbench.records import ClockRecord, JsonlSink
-from ckptbench.runner.comm import Comm
+from ckptbench.runner.comm import Comm, T
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
@@ -142,11 +142,13 @@ class MPIComm(Comm):
     def barrier(self) -> None:
         self.c.Barrier()
 
-    def gather(self, obj: Any) -> list[Any] | None:
-        return self.c.gather(obj, root=0)
+    def gather(self, obj: T) -> list[T] | None:
+        out: list[T] | None = self.c.gather(obj, root=0)
+        return out
 
-    def bcast(self, obj: Any) -> Any:
-        return self.c.bcast(obj, root=0)
+    def bcast(self, obj: T) -> T:
+        out: T = self.c.bcast(obj, root=0)
+        return out
 
     def allgather(self, obj: Any) -> list[Any]:
         return self.c.allgather(obj)
@@ -198,16 +200,15 @@ class MPIComm(Comm):
             elif self.rank == leader:
                 estimate = self._ping(rounds)
         estimates = self.gather(estimate)
-        table = None
+        table: list[dict[str, Any]] | None = None
         if self.rank == 0:
             assert estimates is not None
             table = [{"host": h, "processes": [p for p, x in enumerate(hosts) if x == h],
                       "clock_offset_ns": estimates[leader][0],
                       "clock_rtt_ns": estimates[leader][1]} for h, leader in leaders.items()]
-        table = self.bcast(table)
+        nodes = from_root(self, table)
         if apply:
-            self._offset = next(n["clock_offset_ns"] for n in table if n["host"] == self._host)
-        nodes: list[dict[str, Any]] = table
+            self._offset = next(n["clock_offset_ns"] for n in nodes if n["host"] == self._host)
         return nodes
 
 

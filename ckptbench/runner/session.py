@@ -15,9 +15,9 @@ each of them. The caller owns the sink: it summarizes what the sink kept in memo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,6 +54,16 @@ from ckptbench.runner.startup import startup_record
 from ckptbench.runner.tier_store import place_tiers
 
 Progress = Callable[[int], None]
+
+
+@runtime_checkable
+class RankProgress(Protocol):
+    """A progress that also shows each rank's bytes (ckptbench.progress.Status): a
+    launcher that sees them (local processes) hands them on."""
+
+    def __call__(self, n: int) -> None: ...
+
+    def ranks(self, moved: Sequence[int]) -> None: ...
 
 
 @dataclass

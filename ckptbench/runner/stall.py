@@ -28,8 +28,8 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
+from ckptbench.formats.base import Group, T
 from ckptbench.runner.thread_dump import format_threads, summarize
 
 OnStall = Callable[[str], None]
@@ -139,7 +139,7 @@ class StallWatch:
 class WatchedGroup:
     """A format's Group whose collectives hold the stall clock (waiting for peers)."""
 
-    def __init__(self, group: Any, watch: StallWatch) -> None:
+    def __init__(self, group: Group, watch: StallWatch) -> None:
         self._group = group
         self._watch = watch
         self.rank: int = group.rank
@@ -149,17 +149,14 @@ class WatchedGroup:
         with self._watch.waiting():
             self._group.barrier()
 
-    def gather(self, obj: Any) -> list[Any] | None:
+    def gather(self, obj: T) -> list[T] | None:
         with self._watch.waiting():
-            out: list[Any] | None = self._group.gather(obj)
-        return out
+            return self._group.gather(obj)
 
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         with self._watch.waiting():
             return self._group.bcast(obj)
 
     def host(self) -> str:
-        return str(self._group.host())
+        return self._group.host()
 
-    def __getattr__(self, name: str) -> Any:  # clock offsets and the like: the group's own
-        return getattr(self._group, name)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckptbench.errors import RunFailed, describe_error
-from ckptbench.formats.base import file_jobs, now
+from ckptbench.formats.base import everyone, file_jobs, from_root, now
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
@@ -139,19 +139,19 @@ class TierRun:
         # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
         # nodes Slurm emulates on one machine have names no resolver knows.
         machine = socket.gethostname()
-        machines = self.comm.bcast(self.comm.gather(machine))
+        machines = everyone(self.comm, machine)
         loopback = len(set(machines)) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
         if self.spec.has("peer"):
             self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
             me = ("127.0.0.1" if loopback else machine, self.server.port)
-            self.addresses = self.comm.bcast(self.comm.gather(me))
+            self.addresses = everyone(self.comm, me)
             self.transport = "tcp-loopback" if loopback else "tcp"
             if self.comm.kind == "mpi" and self.spec.peer_transport == "auto":
                 self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
-        self.sizes: list[int] = self.comm.bcast(self.comm.gather(self.nbytes))
+        self.sizes: list[int] = everyone(self.comm, self.nbytes)
         self.state: np.ndarray | None = np.zeros(self.nbytes, dtype=np.uint8)
         self.state.fill(0)  # faulted in off the clock, as a training state is
         self.plain = np.zeros(self.nbytes, dtype=np.uint8)  # the plain copy's destination
@@ -271,13 +271,13 @@ class TierRun:
 
     # --- restarts ---
     def _restarts(self, it: int) -> None:
-        expected = self.comm.bcast(self.expected.get(it))
+        expected = from_root(self.comm, self.expected.get(it))
         self._restart("process", it, set(), expected)
         if self.spec.has("peer"):
             self._restart("node", it, {self.tp.nodes - 1}, expected)
         if self.kept:
             lost = set(self.tp.group(self.tp.nodes - 1))
-            self._restart("group", self.kept, lost, self.comm.bcast(self.expected.get(self.kept)))
+            self._restart("group", self.kept, lost, from_root(self.comm, self.expected.get(self.kept)))
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:

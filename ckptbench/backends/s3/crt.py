@@ -231,8 +231,9 @@ class CrtWriter(WriteHandle):
         self.received += len(view)
         if len(view):
             self.feed.push(view)
-        if self.done.done() and self.done.exception() is not None:
-            raise self.done.exception()  # type: ignore[misc]
+        failure = self.done.exception() if self.done.done() else None
+        if failure is not None:
+            raise failure
 
     def sync(self) -> None:
         self.feed.end()
