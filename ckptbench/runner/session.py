@@ -51,7 +51,7 @@ from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
 from ckptbench.runner.startup import startup_record
-from ckptbench.runner.tier_store import place_tiers
+from ckptbench.runner.tier_store import place_tiers, remove_run_copies
 
 Progress = Callable[[int], None]
 
@@ -396,6 +396,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     finally:
         if lease is not None:
             lease.stop()
+        if launcher.kind == "local" and req.options.tiers.enabled:  # its processes are gone
+            remove_run_copies(req.options.tiers.memory_dir, names.run_id)
         if launcher.root:
             if not clean:  # bounded from here; after a stall, one short try (the budget)
                 req.backend.cleaning_up(failure is not None and failure.kind == "stall")

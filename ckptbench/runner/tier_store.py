@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
+import stat
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -143,6 +145,40 @@ def remove_dirs(memory_dir: str, run_id: str, nodes: list[int]) -> None:
             node_dir(memory_dir, run_id, n).rmdir()
     with contextlib.suppress(OSError):
         run_dir(memory_dir, run_id).rmdir()
+
+
+COPY_NAME = re.compile(r"(replica-)?p\d+-ckpt\d+\.bin(\.part)?")
+NODE_DIR = re.compile(r"node\d+")
+
+
+def remove_run_copies(memory_dir: str, run_id: str) -> None:
+    """Every copy of run `run_id` on this machine, by the names the run gives them, then its
+    directories once empty: what a process killed outright (SIGKILL, a signal to the whole
+    group) could not remove. The launcher calls it once its processes are gone, so a copy
+    in tmpfs, which is host memory, never outlives the run. Links are removed, never
+    followed; anything else in those directories stays."""
+    run = run_dir(memory_dir, run_id)
+    if not _real_dir(run):
+        return
+    for node in os.listdir(run):
+        path = run / node
+        if not (NODE_DIR.fullmatch(node) and _real_dir(path)):
+            continue
+        for name in os.listdir(path):
+            if COPY_NAME.fullmatch(name):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    (path / name).unlink()
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    with contextlib.suppress(OSError):
+        run.rmdir()
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def free_bytes(memory_dir: str) -> int:

@@ -365,3 +365,55 @@ def test_a_group_lost_with_storage_older_than_the_tiers_restores_all_from_storag
         (p, "storage", 3) for p in range(4)}
     assert all(r["verified"] and r["bytes"] > 0 for r in group)
     assert not list(memory_dir.iterdir())
+
+
+@pytest.mark.parametrize("how", ["group SIGTERM", "rank SIGKILL"])
+def test_a_run_stopped_mid_checkpoint_leaves_no_copy_in_memory(tmp_path: Path,
+                                                              memory_dir: Path, how: str) -> None:
+    """A copy in tmpfs is host memory: once the run ends, however it ends (a signal to the
+    whole process group, as Slurm and systemd send; a rank killed outright), none of its
+    copies is left, and what else is in the memory directory stays."""
+    foreign = memory_dir / "not-ckptbench.bin"
+    foreign.write_bytes(b"x")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptbench", "run", str(TINY), "--target", str(tmp_path / "t"),
+         "--results", str(tmp_path / "r.jsonl"), "--memory-dir", str(memory_dir),
+         "--tiers", "memory,peer,storage", "--ranks-per-node", "2", "--iterations", "200"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(memory_dir.glob("ckptbench-*/node*/p*-ckpt*.bin")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.01)
+        if how == "group SIGTERM":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:  # one rank, the parent's first child
+            rank = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+            os.kill(rank, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, err[-2000:]
+    assert sorted(p.name for p in memory_dir.iterdir()) == [foreign.name], err[-2000:]
+
+
+def test_removing_a_runs_copies_takes_its_names_only_and_follows_no_link(tmp_path: Path
+                                                                        ) -> None:
+    from ckptbench.runner.tier_store import remove_run_copies, run_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "p0-ckpt1.bin").write_bytes(b"theirs")
+    node0 = run_dir(str(tmp_path), "run-1") / "node0"
+    node0.mkdir(parents=True)
+    for name in ("p0-ckpt1.bin", "replica-p3-ckpt2.bin.part", "notes.txt"):
+        (node0 / name).write_bytes(b"x")
+    (node0 / "p1-ckpt1.bin").symlink_to(outside / "p0-ckpt1.bin")
+    (node0.parent / "node1").symlink_to(outside)
+    remove_run_copies(str(tmp_path), "run-1")
+    assert sorted(p.name for p in node0.iterdir()) == ["notes.txt"]
+    assert (outside / "p0-ckpt1.bin").read_bytes() == b"theirs"
+    assert (node0.parent / "node1").is_symlink()
+    remove_run_copies(str(tmp_path), "run-2")  # nothing there: nothing done
