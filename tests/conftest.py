@@ -19,6 +19,21 @@ WORKLOADS = ROOT / "workloads"
 os.environ.setdefault("CKPTBENCH_PROGRESS", "off")
 
 
+def _still_ignored(signum: int, frame: object) -> None:
+    """Ignores the signal in this process; unlike SIG_IGN, a handler is not inherited
+    through exec."""
+
+
+# The signal tests send SIGINT and SIGHUP to the commands they start and expect them to
+# stop. A suite started in the background of a script (SIGINT ignored) or under nohup
+# (SIGHUP ignored) would pass that SIG_IGN to every command it starts, and ckptbench keeps
+# an ignored signal ignored (test_nohup_still_ignores_sighup starts its own nohup). So the
+# commands start with the default dispositions, and this process still ignores them.
+for _sig in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _still_ignored)
+
+
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """While inside: SIGTERM (a CI timeout) is an interrupt, so session fixtures tear
