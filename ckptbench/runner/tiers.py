@@ -27,6 +27,7 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 from __future__ import annotations
 
 import socket
+import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -58,6 +59,11 @@ from ckptbench.runner.tier_store import (
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
+
+
+# A restart's reads interleaved with their baselines (A B B A A B): a machine whose load
+# drifts slows both alike; the records keep every round and their medians.
+RESTART_ORDER = ("baseline", "read", "read", "baseline", "baseline", "read")
 
 
 def run_at_once(calls: list[Callable[[], None]]) -> None:
@@ -255,10 +261,11 @@ class TierRun:
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
-        """One restart scenario, collectively: the baseline first (a plain copy of the
-        state, or a plain transfer of its bytes from the same holder, every process at
-        once), then the state dropped and read back into memory allocated before the
-        clock starts (a framework builds its model before it loads), then verified."""
+        """One restart scenario, collectively: the state dropped (and a replaced node's
+        copies), then the read back into memory allocated before the clock starts (a
+        framework builds its model before it loads) interleaved with its baseline (a plain
+        copy of the same bytes, or a plain transfer of them from the same holder), every
+        process at once, in RESTART_ORDER; then verified."""
         error: str | None = None
         source = self.tp.serving_tier(self.proc, lost)
         if self.plain.nbytes < self.nbytes:  # the last restart took it as the state
@@ -266,35 +273,20 @@ class TierRun:
             if self.server is not None:
                 self.server.lend(self.plain)
         data = self.plain[:self.nbytes]  # the baseline's destination, then the restore's
-        self.comm.barrier()
-        base = (0, 0)
-        try:
-            t = now()
-            if source is not None and source[0] == "peer":
-                fetch(self.addresses[source[1]], self.proc, it, data, SOURCE)
-            elif self.state is not None:
-                np.copyto(data, self.state)
-            base = (t, now())
-        except BaseException as exc:
-            error = describe_error(exc)[1]
-        self.state = None  # the process restarts: its state is gone
+        state, self.state = self.state, None  # the process restarts: its state is gone
         if self.node in lost:  # the node replaced: its copies are gone with it
             self._drop(it)
-        self.comm.barrier()
-        t0 = t1 = 0
-        try:
+        spans: dict[str, list[tuple[int, int]]] = {"read": [], "baseline": []}
+        for step in RESTART_ORDER:
+            self.comm.barrier()
             if error:
-                raise RunFailed(error, "peer")
-            if source is None:
-                raise RunFailed(self._missing(it, lost), "missing")
-            t0 = now()
-            if source[0] == "memory":
-                read_copy(self.dir / copy_name(self.proc, it), data)
-            elif not fetch(self.addresses[source[1]], self.proc, it, data):
-                raise RunFailed(self._missing(it, lost, source[1]), "missing")
-            t1 = now()
-        except BaseException as exc:
-            error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
+                continue
+            try:
+                t = now()
+                self._restart_step(step, source, it, lost, data, state)
+                spans[step].append((t, now()))
+            except BaseException as exc:
+                error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
         # Every process's bytes in before any checks them: a digest taken beside another
         # process's read would take its CPU (2 cores, 8 processes), inside its seconds.
         self.comm.barrier()
@@ -307,13 +299,17 @@ class TierRun:
             self._verify(data, expected[self.proc], it, tier, holder)
             t3 = now()
             self.state, self.plain = data, np.empty(0, dtype=np.uint8)
+            reads = [(b - a) / 1e9 for a, b in spans["read"]]
+            bases = [(b - a) / 1e9 for a, b in spans["baseline"]]
             self.records.append({
                 "type": "tier_restore", "scenario": scenario, "iteration": it,
                 "process": self.proc, "node": self.node, "tier": tier,
                 "from_node": self.tp.node_of[holder], "from_process": holder,
-                "bytes": len(data), "start_ns": t0 + self.offset, "end_ns": t1 + self.offset,
-                "seconds": (t1 - t0) / 1e9, "verify_s": (t3 - t2) / 1e9, "verified": True,
-                "baseline_s": (base[1] - base[0]) / 1e9,
+                "bytes": len(data), "start_ns": spans["read"][0][0] + self.offset,
+                "end_ns": spans["read"][0][1] + self.offset,
+                "seconds": statistics.median(reads), "rounds_s": reads,
+                "verify_s": (t3 - t2) / 1e9, "verified": True,
+                "baseline_s": statistics.median(bases), "baseline_rounds_s": bases,
                 "baseline": "plain copy" if tier == "memory" else "plain transfer",
                 "lost_nodes": sorted(lost)})
         except BaseException as exc:
@@ -324,6 +320,21 @@ class TierRun:
         if first:  # no partial restart is summarized as one: its records go
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
+
+    def _restart_step(self, step: str, source: tuple[str, int] | None, it: int,
+                      lost: set[int], data: np.ndarray, state: np.ndarray | None) -> None:
+        """One read of a restart (into `data`) or its baseline."""
+        if source is None:
+            raise RunFailed(self._missing(it, lost), "missing")
+        tier, holder = source
+        if step == "baseline" and tier == "peer":
+            fetch(self.addresses[holder], self.proc, it, data, SOURCE)
+        elif step == "baseline" and state is not None:
+            np.copyto(data, state)
+        elif step == "read" and tier == "memory":
+            read_copy(self.dir / copy_name(self.proc, it), data)
+        elif step == "read" and not fetch(self.addresses[holder], self.proc, it, data):
+            raise RunFailed(self._missing(it, lost, holder), "missing")
 
     def _shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)
