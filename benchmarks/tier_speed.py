@@ -16,8 +16,12 @@ The configurations run in turn, their order reversed every round (A B C C B A ..
 machine whose load drifts slows each alike; the load average is printed beside each run.
 ``--probe`` first times, 8 processes at once, a plain copy, a ``read`` of a /dev/shm file
 and a mapped copy of it: what this host's kernel allows a restarted process.
+``--async-rounds N`` runs ``--mode async --tiers peer,storage`` N times (2 nodes): the
+replication in the background over its plain transfer, and the training steps beside it
+over the baseline steps.
 
-    python benchmarks/tier_speed.py --rounds 3 --scale 16 --dir /tmp/tierspeed --probe
+    python benchmarks/tier_speed.py --rounds 3 --scale 16 --dir /tmp/tierspeed --probe \
+        --async-rounds 2
 """
 
 from __future__ import annotations
@@ -45,22 +49,44 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = "workloads/llama3-8b-fsdp2-8.toml"
 
 
-def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, tag: str
-            ) -> dict[str, Any]:
-    rpn, k = cfg
+def _ckptbench(args: list[str], workdir: Path, tag: str
+               ) -> tuple[dict[tuple[str, str], dict[str, Any]], tuple[float, float]]:
+    """One `ckptbench run` (a fresh process): its tier summaries and the load around it."""
     target, results = workdir / "t", workdir / f"{tag}.jsonl"
     shutil.rmtree(target, ignore_errors=True)
     load0 = os.getloadavg()[0]
-    subprocess.run([sys.executable, "-m", "ckptbench", "run", WORKLOAD, "--scale", str(scale),
-                    "--target", str(target), "--tiers", "memory,peer,storage",
-                    "--ranks-per-node", str(rpn), "--peer-replicas", str(k),
-                    "--iterations", str(iterations), "--storage-every", "2",
-                    "--results", str(results), "--json"],
+    subprocess.run([sys.executable, "-m", "ckptbench", "run", WORKLOAD, "--target", str(target),
+                    "--results", str(results), "--json", *args],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "PYTHONPATH": str(ROOT), "CKPTBENCH_PROGRESS": "off"})
-    load1 = os.getloadavg()[0]
-    rows = {(r["type"], r.get("tier") or r.get("scenario")): r
-            for r in summarize_tiers(list(read_records(str(results))))}
+    recs = list(read_records(str(results)))
+    rows = {(r["type"], r.get("tier") or r.get("scenario")): r for r in summarize_tiers(recs)}
+    rows[("async", "")] = next((r for r in recs if r.get("type") == "async_summary"), {})
+    return rows, (load0, os.getloadavg()[0])
+
+
+def async_run(rpn: int, scale: int, workdir: Path, tag: str) -> dict[str, Any]:
+    """--mode async with the peer tier in the background: replication over its plain
+    transfer, and the steps beside it over the baseline steps."""
+    rows, load = _ckptbench(["--scale", str(scale), "--mode", "async", "--tiers", "peer,storage",
+                             "--ranks-per-node", str(rpn), "--iterations", "3",
+                             "--step-seconds", "0.5", "--steps-per-checkpoint", "4"],
+                            workdir, tag)
+    peer = rows[("tier_summary", "peer")]
+    return {"nodes": 8 // rpn, "load": load, "peer_bw": 1 / peer["over_baseline"],
+            "steps_beside_replication": peer.get("interference"),
+            "async_interference": rows[("async", "")].get("interference_against_between"),
+            "node_restore_peer_bw": 1 / rows[("tier_restore_summary", "node")]
+            ["over_baseline"]["peer"]}
+
+
+def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, tag: str
+            ) -> dict[str, Any]:
+    rpn, k = cfg
+    rows, (load0, load1) = _ckptbench(
+        ["--scale", str(scale), "--tiers", "memory,peer,storage", "--ranks-per-node", str(rpn),
+         "--peer-replicas", str(k), "--iterations", str(iterations), "--storage-every", "2"],
+        workdir, tag)
     mem, peer = rows[("tier_summary", "memory")], rows[("tier_summary", "peer")]
     proc, node = rows[("tier_restore_summary", "process")], rows[("tier_restore_summary", "node")]
     storage = rows[("tier_restore_summary", "storage")]
@@ -133,6 +159,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--configs", default="4:1,2:1,2:2", help="ranks-per-node:replicas,...")
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--async-rounds", type=int, default=0,
+                    help="runs of --mode async with the peer tier in the background (2 nodes)")
     ap.add_argument("--probe-mib", type=int, default=45, help="one process's shard at scale 16")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +172,8 @@ def main() -> None:
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in p.items())
               + f"; plain copy / read {p['copy'] / p['read']:.2f}, "
               f"/ map+copy {p['copy'] / p['map+copy']:.2f}")
+    if a.async_rounds:
+        async_rounds(a)
     configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
     runs: list[dict[str, Any]] = []
     cols = ("memory_x_copy", "peer_bw", "restore_memory_bw", "restore_peer_bw",
@@ -164,6 +194,19 @@ def main() -> None:
               + " | ".join(f"{_f(statistics.median(r[c] for r in mine))} "
                            f"({_f(min(r[c] for r in mine))}-{_f(max(r[c] for r in mine))})"
                            for c in cols) + " |")
+
+
+def async_rounds(a: argparse.Namespace) -> None:
+    done = [async_run(4, a.scale, a.dir, f"async{i}") for i in range(a.async_rounds)]
+    for r in done:
+        print(f"async, {r['nodes']} nodes, load {r['load'][0]:.1f},{r['load'][1]:.1f}: "
+              + ", ".join(f"{k} {_opt(r[k])}" for k in ("peer_bw", "steps_beside_replication",
+                                                        "async_interference",
+                                                        "node_restore_peer_bw")), flush=True)
+
+
+def _opt(x: float | None) -> str:
+    return "-" if x is None else _f(x)
 
 
 if __name__ == "__main__":
