@@ -75,7 +75,7 @@ def async_run(rpn: int, scale: int, workdir: Path, tag: str) -> dict[str, Any]:
     peer = rows[("tier_summary", "peer")]
     return {"nodes": 8 // rpn, "load": load, "peer_bw": 1 / peer["over_baseline"],
             "steps_beside_replication": peer.get("interference"),
-            "async_interference": rows[("async", "")].get("interference_against_between"),
+            "async_interference": rows[("async", "")].get("interference"),
             "node_restore_peer_bw": 1 / rows[("tier_restore_summary", "node")]
             ["over_baseline"]["peer"]}
 
