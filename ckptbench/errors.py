@@ -32,7 +32,7 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, CkptbenchError):
         return "backend", str(exc)
     if isinstance(exc, OSError):
-        return "backend", f"{getattr(exc, 'filename', '') or ''}: {exc.strerror or exc}".lstrip(": ")
+        return "backend", f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
     return "internal", f"{type(exc).__name__}: {exc}"
 
 

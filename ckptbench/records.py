@@ -207,12 +207,15 @@ class ErrorRecord:
     kind: str
     message: str
     removed: str | None = None
+    threads: str | None = None  # a stalled process's thread dump (runner.thread_dump)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "error", "iteration": self.iteration, "phase": self.phase,
                                "kind": self.kind, "message": self.message}
         if self.removed is not None:
             out["removed"] = self.removed
+        if self.threads is not None:
+            out["threads"] = self.threads
         return out
 
 

@@ -31,7 +31,7 @@ from ckptbench.runner.options import MODES
 from ckptbench.runner.sequence import SEQUENCES
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import MAX_WORKLOAD_FILE_BYTES
-from ckptbench.tierspec import DEFAULT_MEMORY_DIR, PLACEMENTS
+from ckptbench.tierspec import DEFAULT_MEMORY_DIR, PLACEMENTS, TRANSPORTS
 from ckptbench.units import format_size, parse_duration, parse_size
 
 # Groups of --help, in the order printed.
@@ -46,7 +46,8 @@ LAUNCHERS = ("auto", "local", "mpi")
 # make RunOptions.tiers (ckptbench.tierspec.tiers_with_flags, in measure.build_request)
 TIER_KEYS = {"tiers": "use", "memory_dir": "memory_dir", "memory_budget": "memory_budget",
              "peer_replicas": "peer_replicas", "peer_placement": "placement",
-             "ranks_per_node": "ranks_per_node", "storage_every": "storage_every"}
+             "ranks_per_node": "ranks_per_node", "storage_every": "storage_every",
+             "peer_transport": "peer_transport"}
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,9 @@ def _options() -> tuple[RunOption, ...]:
           "async", kind="int", minimum=1),
         o("peer_placement", "tiers: ring (node n -> n+1..n+k) or clique (groups of k+1 nodes) "
           "[default: ring].", "async", kind="choice", choices=PLACEMENTS),
+        o("peer_transport", "tiers: how replicas travel: auto (MPI point-to-point under "
+          "mpirun/srun, else TCP) or tcp (TCP sockets under any launcher) [default: auto].",
+          "async", kind="choice", choices=TRANSPORTS),
         o("ranks_per_node", "tiers: processes per node (nodes emulated on one host) [default: "
           "0, the launcher's hosts].", "async", kind="int", minimum=0),
         o("storage_every", "tiers: save every N-th checkpoint to TARGET [default: 1].",

@@ -22,8 +22,9 @@ from ckptbench.units import parse_size
 
 TIER_NAMES = ("memory", "peer", "storage")
 PLACEMENTS = ("ring", "clique")
+TRANSPORTS = ("auto", "tcp")  # auto: MPI point-to-point under an MPI launcher, else TCP
 KEYS = ("use", "memory_dir", "memory_budget", "peer_replicas", "placement", "ranks_per_node",
-        "storage_every")
+        "storage_every", "peer_transport")
 DEFAULT_MEMORY_DIR = "/dev/shm"
 MAX_REPLICAS = 64
 MAX_EVERY = 1 << 20
@@ -31,7 +32,8 @@ MAX_EVERY = 1 << 20
 # table key -> the flag that overrides it (errors name what the user typed)
 FLAGS = {"use": "--tiers", "memory_dir": "--memory-dir", "memory_budget": "--memory-budget",
          "peer_replicas": "--peer-replicas", "placement": "--peer-placement",
-         "ranks_per_node": "--ranks-per-node", "storage_every": "--storage-every"}
+         "ranks_per_node": "--ranks-per-node", "storage_every": "--storage-every",
+         "peer_transport": "--peer-transport"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class TiersSpec:
     placement: str = "ring"
     ranks_per_node: int = 0  # 0: the launcher's hosts are the nodes
     storage_every: int = 1
+    peer_transport: str = "auto"
 
     @property
     def enabled(self) -> bool:
@@ -93,7 +96,8 @@ def parse_tiers(table: Mapping[str, Any], section: str = "tiers") -> TiersSpec:
         placement=choice_field(table, section, "placement", PLACEMENTS, "ring"),
         ranks_per_node=int_field(table, section, "ranks_per_node", 0, minimum=0,
                                  maximum=1 << 20),
-        storage_every=int_field(table, section, "storage_every", 1, maximum=MAX_EVERY))
+        storage_every=int_field(table, section, "storage_every", 1, maximum=MAX_EVERY),
+        peer_transport=choice_field(table, section, "peer_transport", TRANSPORTS, "auto"))
     check_tiers(spec)
     return spec
 
@@ -117,8 +121,10 @@ def tiers_with_flags(base: TiersSpec, flags: Mapping[str, Any]) -> TiersSpec:
             values[key] = () if value.strip() in ("", "none") else _use(value, flag)
         elif key == "memory_budget":
             values[key] = _budget(value, flag)
-        elif key == "placement":
-            values[key] = choice_field({key: value}, "tiers", key, PLACEMENTS, "ring")
+        elif key in ("placement", "peer_transport"):
+            values[key] = choice_field({key: value}, "tiers", key,
+                                       PLACEMENTS if key == "placement" else TRANSPORTS,
+                                       str(getattr(base, key)))
         elif key == "memory_dir":
             values[key] = str(value)
         else:

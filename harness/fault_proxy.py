@@ -22,7 +22,11 @@ _ERRORS = {
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
-FAULTS = ("503", "500", "reset", "truncate", "freeze")
+FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause", "slow")
+BODY_FAULTS = ("pause", "slow")  # taken before the body is read (the others after it)
+PAUSE_S = 3.0  # how long a "pause" stops reading a request's body
+PAUSE_AFTER = 1 << 20  # ... after its first MiB
+SLOW_RATE = 4 << 20  # bytes per second a "slow" request's body is read at
 
 
 class FaultProxy(Loopback):
@@ -35,12 +39,19 @@ class FaultProxy(Loopback):
     every later one (new connections are still accepted, as a SIGSTOPped server's kernel
     does) wait unanswered until :meth:`thaw`, then are reset, never forwarded. Unlike a
     SIGSTOP, nothing sent while frozen reaches the server later, so what the server holds
-    is fixed at the freeze. Everything else is forwarded unchanged (the Host header is
+    is fixed at the freeze. ``"pause"`` stops reading the request's body for PAUSE_S after
+    its first MiB (a server short of CPU), then forwards it; ``"slow"`` reads the body at
+    SLOW_RATE (a slow link), then forwards it. Everything else is forwarded unchanged (the Host header is
     kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
+
+    `hold_s`: each matching request waits that long before its fault or its forwarding (a
+    slow endpoint: a client's requests are all in flight before the first fault), and
+    `peak` is the most matching requests in the proxy at once among those that came once
+    the faults were spent: how many a client sends again at once while it retries.
     """
 
     def __init__(self, upstream: str, faults: list[str] | None = None,
-                 match: Callable[[str, str], bool] | None = None) -> None:
+                 match: Callable[[str, str], bool] | None = None, hold_s: float = 0.0) -> None:
         unknown = sorted(set(faults or []) - set(FAULTS))
         if unknown:
             raise ValueError(f"FaultProxy faults {unknown}: allowed are {', '.join(FAULTS)}")
@@ -51,6 +62,9 @@ class FaultProxy(Loopback):
         self.injected: list[tuple[str, str, str]] = []
         self.user_agents: list[str] = []  # of every request, in order
         self.forwarded = 0
+        self.hold_s = hold_s
+        self.active = 0  # matching requests being forwarded now
+        self.peak = 0
         self.frozen = threading.Event()
         self.thawed = threading.Event()
         self.lock = threading.Lock()
@@ -58,15 +72,45 @@ class FaultProxy(Loopback):
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def next_fault(self, method: str, path: str, user_agent: str) -> str | None:
-        """Record the request; the fault it gets, if any."""
+    def body_fault(self, method: str, path: str) -> str | None:
+        """The fault at the head of the queue if it acts on reading the body (BODY_FAULTS)."""
+        with self.lock:
+            if not (self.faults and self.faults[0] in BODY_FAULTS and self.match(method, path)):
+                return None
+            fault = self.faults.pop(0)
+            self.injected.append((fault, method, path))
+            return fault
+
+    def next_fault(self, method: str, path: str, user_agent: str,
+                   taken: str | None = None) -> str | None:
+        """Record the request; the fault it gets, if any (`taken`: its body fault)."""
         with self.lock:
             self.user_agents.append(user_agent)
+            if taken is not None:
+                return taken
             if not (self.faults and self.match(method, path)):
                 return None
             fault = self.faults.pop(0)
             self.injected.append((fault, method, path))
             return fault
+
+    def hold(self, method: str, path: str, faulted: bool) -> bool:
+        """A matching request waits `hold_s`; whether it counts in `peak` (one that got no
+        fault: the faults are spent; call `release` once it is answered)."""
+        if not self.match(method, path):
+            return False
+        counted = not faulted
+        with self.lock:
+            if counted:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+        if self.hold_s:
+            self.thawed.wait(self.hold_s)
+        return counted
+
+    def release(self) -> None:
+        with self.lock:
+            self.active -= 1
 
     def thaw(self) -> None:
         """Reset every request held since the freeze (none of them reaches the server)."""
@@ -124,9 +168,19 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
 
-    def _body(self) -> bytes:
+    def _body(self, fault: str | None) -> bytes:
         n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+        if fault == "slow":
+            got = bytearray()
+            while len(got) < n:  # a tenth of a second's worth at a time
+                got += self.rfile.read(min(SLOW_RATE // 10, n - len(got)))
+                self.server.proxy.thawed.wait(0.1)
+            return bytes(got)
+        if fault != "pause" or n <= PAUSE_AFTER:
+            return self.rfile.read(n) if n else b""
+        head = self.rfile.read(PAUSE_AFTER)
+        self.server.proxy.thawed.wait(PAUSE_S)  # the client's sends block meanwhile
+        return head + self.rfile.read(n - PAUSE_AFTER)
 
     def _reset(self) -> None:
         """Close with RST (SO_LINGER 0), as a crashed server or a middlebox would."""
@@ -148,8 +202,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         proxy = self.server.proxy
-        body = self._body()
-        fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""))
+        taken = proxy.body_fault(self.command, self.path)
+        body = self._body(taken)
+        fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""),
+                                 taken)
+        counted = proxy.hold(self.command, self.path, faulted=fault is not None)
+        try:
+            self._answer(body, fault)
+        finally:
+            if counted:
+                proxy.release()
+
+    def _answer(self, body: bytes, fault: str | None) -> None:
+        proxy = self.server.proxy
         if fault is not None and fault in _ERRORS:
             self._error(fault)
             return

@@ -273,3 +273,16 @@ def test_the_private_member_check_sees_uses() -> None:
     good = ("class R:\n    def _range(self): ...\n\n"
             "def f(r: R):\n    return r._range(), self._x, os._exit\n")
     assert private_attribute_uses("ckptbench.backends.s3.boto_readahead", good) == []
+
+
+def test_the_command_line_starts_without_matplotlib() -> None:
+    """Every command's start is part of a restart's time (and of every test): matplotlib
+    (about 1 s of imports on a small machine) loads only when a figure is drawn."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ckptbench.cli; ckptbench.cli._register(); "  # every command module
+            "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == "[]", out

@@ -97,8 +97,8 @@ def srun_ckptbench(slurm, tmp: Path, *args: str):
 
 def test_the_peer_tier_replicates_across_the_nodes_slurm_placed(slurm, tmp_path):
     """Nodes are Slurm's (n1, n2 share one host name): each process's replica is held on
-    the other node, reached at the machine's address (a Slurm node name need not resolve),
-    and the replaced node's processes fetch their shards from there, verified. (A
+    the other node, sent by MPI point-to-point (srun runs MPI ranks), and the replaced
+    node's processes fetch their shards from there, verified. (A
     --ranks-per-node that cuts across Slurm's nodes is refused: tests/plan.)"""
     memory = Path(tempfile.mkdtemp(prefix="ckb-slurm-", dir="/dev/shm"))
     try:
@@ -114,7 +114,7 @@ def test_the_peer_tier_replicates_across_the_nodes_slurm_placed(slurm, tmp_path)
                 if r["type"] == "tier" and r["tier"] == "peer"}
         assert peer == {0: [2], 1: [3], 2: [0], 3: [1]}
         assert {r["transport"] for r in recs if r["type"] == "tier" and r["tier"] == "peer"} \
-            == {"tcp-loopback"}  # one machine under the two nodes
+            == {"mpi-shm"}  # MPI point-to-point, one machine under the two nodes
         node = {r["process"]: (r["tier"], r["from_node"]) for r in recs
                 if r["type"] == "tier_restore" and r["scenario"] == "node"}
         assert node == {0: ("memory", 0), 1: ("memory", 0), 2: ("peer", 0), 3: ("peer", 0)}

@@ -18,6 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from ckptbench import __version__
@@ -229,6 +230,12 @@ class Backend(ABC):
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
         the target and nothing else is left in it."""
 
+    def cleaning_up(self, unresponsive: bool) -> None:
+        """The run ended on this process: what it calls from now on is cleanup, bounded
+        (a store with timeouts shortens them); `unresponsive`: the ranks saw the storage
+        stop answering (a stall), so the cleanup gets one short try. Default: nothing."""
+        return None
+
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         """What a cleanup leaves under `prefix` (the cleanup record's `left`): the names
         listed there. A store that can hold more than names (unfinished uploads) or that
@@ -339,6 +346,12 @@ class Backend(ABC):
     def endpoint_url(self) -> str | None:
         """The endpoint another client (s3fs under torch DCP) should use for this target;
         None: that client's own configuration."""
+        return None
+
+    @property
+    def local_dir(self) -> Path | None:
+        """The local directory this target is, where it is one: a library writing through
+        its own storage layer (torch DCP's FileSystemWriter) writes there; None: not local."""
         return None
 
     def describe(self) -> dict[str, Any]:

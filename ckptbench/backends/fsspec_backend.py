@@ -383,6 +383,10 @@ class FsspecBackend(Backend):
     def endpoint_url(self) -> str | None:
         return self.options.endpoint_url
 
+    @property
+    def local_dir(self) -> Path | None:
+        return Path(self.root) if self.local else None
+
     def details(self) -> dict[str, Any]:
         import fsspec
 

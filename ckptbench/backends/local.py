@@ -407,6 +407,10 @@ class LocalBackend(Backend):
     def drop_host_caches(self) -> bool:
         return drop_page_cache()
 
+    @property
+    def local_dir(self) -> Path | None:
+        return self.root
+
     def details(self) -> dict[str, Any]:
         return {"path": str(self.root), **filesystem_info(self.root),
                 **FileSystem.of(self.root).describe()}

@@ -77,7 +77,7 @@ class JobAnswer:
 def _parts(p: PhaseEstimate) -> dict[str, float]:
     """A phase's seconds by part: the data (slowest node or storage ceiling), then what
     the job pays once (the metadata; by name where the run recorded named parts)."""
-    once = getattr(p, "parts", None) or {"metadata": p.metadata_s}
+    once = p.parts or {"metadata": p.metadata_s}
     return {"data": p.data_s, **once}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
@@ -26,10 +26,12 @@ from ckptbench.cadence.levels_scale import (
 )
 from ckptbench.errors import CkptbenchError
 from ckptbench.report import levels_figures
-from ckptbench.report.figures import Picture, png
 from ckptbench.report.table import Column, Grid
 from ckptbench.report.tiers import LEVELS
 from ckptbench.units import format_duration
+
+if TYPE_CHECKING:  # matplotlib only when a page is drawn: every command imports this module
+    from ckptbench.report.figures import Picture
 
 
 def levels_figure(job: LevelsJob, result: ml.LevelsAnswer) -> Any:
@@ -110,6 +112,8 @@ class TierCadence:
     result: ml.LevelsAnswer
 
     def picture(self, name: str) -> Picture:
+        from ckptbench.report.figures import Picture, png
+
         fig = levels_figure(self.job, self.result)
         return Picture(name, "Multi-level cadence", "Efficiency against each level's interval "
                        "(the compute between two of its checkpoints); stars: the optimum "

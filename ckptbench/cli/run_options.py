@@ -39,7 +39,7 @@ class GroupedCommand(click.Command):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is None:
                 continue
-            group = getattr(param, "group", "") or (
+            group = (param.group if isinstance(param, GroupedOption) else "") or (
                 "target" if (param.name or "").startswith("backend_") else "")
             sections.setdefault(group, []).append(record)
         for key in ("", *runspec.GROUPS):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from ckptbench.plan.files import RegionLayout, plan_layout
 
 now = time.perf_counter_ns
 
+T = TypeVar("T")  # what a collective carries: a gather returns a list of it
+
 
 class Group(Protocol):
     """The processes saving one checkpoint together (rank 0 coordinates)."""
@@ -52,11 +54,24 @@ class Group(Protocol):
 
     def barrier(self) -> None: ...
 
-    def gather(self, obj: Any) -> list[Any] | None: ...
+    def gather(self, obj: T) -> list[T] | None: ...
 
-    def bcast(self, obj: Any) -> Any: ...
+    def bcast(self, obj: T) -> T: ...
 
     def host(self) -> str: ...
+
+
+def from_root(group: Group, obj: T | None) -> T:
+    """Process 0's `obj` on every process (the others pass None: they hold none)."""
+    out = group.bcast(obj)
+    if out is None:
+        raise RuntimeError("process 0 sent nothing to a collective that needs its value")
+    return out
+
+
+def everyone(group: Group, obj: T) -> list[T]:
+    """Every process's `obj`, in rank order, on every process (a gather sent on by 0)."""
+    return from_root(group, group.gather(obj))
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,6 @@ def chunk_tasks(plan: Plan, jobs: list[FileJob]) -> list[ChunkTask]:
     return tasks
 
 
-def manifest_name(job: FileJob) -> str:
-    """The job's entry in the manifest (FileJob.name where the runner has it)."""
-    return getattr(job, "name", job.key)
-
-
 def checkpoint_of(plan: Plan, jobs: list[FileJob], fmt: str) -> str:
     """The checkpoint directory (key prefix) the jobs belong to."""
     if not jobs:

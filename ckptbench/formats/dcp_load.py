@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from ckptbench.errors import SpecError
-from ckptbench.formats.base import FileJob, now
-from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes, manifest_name
+from ckptbench.formats.base import FileJob, everyone, now
+from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes
 from ckptbench.formats.ranged import restore_positions
 from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
@@ -65,7 +65,7 @@ def load_group(group: Any, hosting: bool, problem: BaseException | None,
     a rank of the restore layout. Collective: every process calls it, and every one raises
     the first `problem` any had, so none waits for a process that gave up. `init` starts
     the run's torch process group; `made` keeps the groups made, by members."""
-    members = group.bcast(group.gather((hosting, problem)))
+    members = everyone(group, (hosting, problem))
     problem = next((p for _, p in members if p is not None), None)
     if problem is not None:
         raise problem
@@ -173,7 +173,7 @@ def verify_pieces(plan: Plan, gen: PayloadGenerator, jobs: list[FileJob],
             want, d = chunk_bytes(gen, ChunkTask(job, k, kid, c.offsets, c.sizes, c.nbytes),
                                   NP_DTYPES[c.dtype])
             name = f"chunk {c.key} at offsets {list(c.offsets)} ({where})"
-            if d != expected[manifest_name(job)]["digests"][read.digest]:
+            if d != expected[job.name]["digests"][read.digest]:
                 out.append(f"{name}: its planned bytes do not match the manifest's digest")
                 continue
             off, arr = held[kid]

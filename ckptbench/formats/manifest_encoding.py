@@ -183,7 +183,7 @@ def read_manifest_bytes(backend: Backend, key: str, block: int = READ_BLOCK,
     handle = backend.open_read(key)
     try:
         while True:
-            got = handle.readinto(size, memoryview(buf)[:block])  # type: ignore[arg-type]
+            got = handle.readinto(size, buf.data[:block])
             if not found:
                 piece = bytes(buf[:got])
                 cut = piece.find(b"\n")

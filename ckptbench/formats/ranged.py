@@ -256,7 +256,7 @@ class RangedRestore(FormatBase):
                             if lent is not None:
                                 got, delta = want, 0
                             else:
-                                view = memoryview(ring.buffers[i])[:round_up(delta + want, align)]  # type: ignore[arg-type]
+                                view = ring.buffers[i].data[:round_up(delta + want, align)]
                                 got = handle.readinto(start, view)
                             t1 = now()
                             res.op("read", job.index, min(max(got - delta, 0), want), t0, t1,

@@ -212,7 +212,7 @@ class RawFormat(RangedRestore, FormatBase):
         buf = aligned_buffer(span + self.align)
         handle = self.backend.open_read(job.key)
         try:
-            got = handle.readinto(job.offset + start, memoryview(buf)[:span])  # type: ignore[arg-type]
+            got = handle.readinto(job.offset + start, buf.data[:span])
         finally:
             handle.close()
         lead = region.start - start

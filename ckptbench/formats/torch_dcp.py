@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ckptbench.backends import Backend
+from ckptbench.backends.s3.options import S3Options
+from ckptbench.backends.s3.transport import DCP_STORAGE
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import (
     FileJob,
@@ -41,6 +42,7 @@ from ckptbench.formats.base import (
     Group,
     PlannedRestore,
     ThreadResult,
+    from_root,
     now,
 )
 from ckptbench.formats.codecs import CodecSpec
@@ -51,7 +53,6 @@ from ckptbench.formats.common import (
     checkpoint_of,
     chunk_bytes,
     chunk_tasks,
-    manifest_name,
 )
 from ckptbench.formats.dcp_load import (
     TimedReader,
@@ -197,9 +198,9 @@ class TorchDcpFormat(FormatBase):
     # --- where DCP writes ---
     def _url(self, ckpt: str) -> tuple[str, dict[str, Any]]:
         """DCP's checkpoint path (a local path or an fsspec URL) and fsspec options."""
-        root = getattr(self.backend, "root", None)
+        root = self.backend.local_dir
         if root is not None:
-            return str(Path(root) / ckpt / DCP_DIR), {}
+            return str(root / ckpt / DCP_DIR), {}
         url = f"{self.backend.target.rstrip('/')}/{ckpt}/{DCP_DIR}"
         opts: dict[str, Any] = {}
         if url.startswith("s3://"):
@@ -211,7 +212,7 @@ class TorchDcpFormat(FormatBase):
 
     def _s3torchconnector(self) -> bool:
         """DCP's S3 storage from s3torchconnector (--s3-transport s3torchconnector)."""
-        return getattr(self.backend.options, "transport", None) == "s3torchconnector"
+        return isinstance(o := self.backend.options, S3Options) and o.transport == DCP_STORAGE
 
     def _writer(self, ckpt: str) -> Any:
         import torch.distributed.checkpoint as dcp
@@ -250,7 +251,7 @@ class TorchDcpFormat(FormatBase):
             host = "127.0.0.1" if len(set(hosts)) == 1 else self.group.host()
             store = dist.TCPStore(host, 0, self.group.size, is_master=True, wait_for_workers=False)
             address = (host, store.port)
-        address = self.group.bcast(address)
+        address = from_root(self.group, address)
         if store is None:
             store = dist.TCPStore(address[0], address[1], self.group.size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=self.group.rank,
@@ -389,7 +390,7 @@ class TorchDcpFormat(FormatBase):
         if res.error is None:
             for t, data, _ in arrays:
                 got = data.reshape(-1).view(np.uint8)
-                if digest(got) != expected[manifest_name(t.job)]["digests"][t.region]:
+                if digest(got) != expected[t.job.name]["digests"][t.region]:
                     want, _ = chunk_bytes(self.gen, t, data.dtype)
                     res.mismatches.append(
                         f"chunk {self.plan.keys[t.key].name} at offsets {list(t.offsets)} "

@@ -77,6 +77,9 @@ class Plan:
     checkpoint_dir: str  # directory name for one checkpoint; "{step}" is replaced
     manifest: str = MANIFEST_NAME
     file_bytes: np.ndarray = field(init=False, repr=False)  # derived in __post_init__
+    # Where each file's chunks and each rank's files start (derived in __post_init__).
+    _file_ptr: np.ndarray = field(init=False, repr=False)
+    _rank_ptr: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("chunk_key", "chunk_offsets", "chunk_sizes", "chunk_nbytes", "chunk_file",
@@ -123,11 +126,11 @@ class Plan:
 
     # --- views ---
     def files_of_rank(self, rank: int) -> range:
-        ptr = self._rank_ptr  # type: ignore[attr-defined]
+        ptr = self._rank_ptr
         return range(int(ptr[rank]), int(ptr[rank + 1]))
 
     def chunks_of_file(self, file: int) -> range:
-        ptr = self._file_ptr  # type: ignore[attr-defined]
+        ptr = self._file_ptr
         return range(int(ptr[file]), int(ptr[file + 1]))
 
     def chunk(self, i: int) -> ChunkView:

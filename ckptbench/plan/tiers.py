@@ -74,6 +74,16 @@ class TierPlan:
                     return "peer", holder
         return None
 
+    def group(self, node: int) -> list[int]:
+        """The replication group of `node`: the node and every node holding a copy of its
+        shards. Losing all of them leaves its shards in no tier (storage or nothing)."""
+        return sorted({node, *self.replicas[node]})
+
+    def last_stored(self, iterations: int) -> int:
+        """The newest checkpoint of `iterations` that is also in storage (0: none)."""
+        every = self.spec.storage_every
+        return iterations - iterations % every if self.spec.has("storage") else 0
+
     def held_bytes(self, proc_bytes: list[int]) -> list[int]:
         """Per node: the tier bytes it holds at most (own copies and the replicas it keeps,
         HELD_COPIES checkpoints each)."""

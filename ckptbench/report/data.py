@@ -17,6 +17,7 @@ from ckptbench.report.summary import checked_view
 
 PHASES = ("save", "restore")
 LOOP_RECORDS = ("steps", "checkpoint")
+TIER_RECORDS = ("tier", "tier_restore")  # --tiers: each copy and each restart, per process
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ def op_table(records: Sequence[dict[str, Any]]) -> OpTable:
     code = {n: i for i, n in enumerate(names)}
     start_ns = np.array([r["start_ns"] for r in ops], dtype=np.int64)
     end_ns = np.array([r["end_ns"] for r in ops], dtype=np.int64)
-    t0 = int(start_ns.min()) if ops else 0
+    # the tiers' copies start before the first storage op: one origin for both
+    tiers = [int(r["start_ns"]) for r in records if r.get("type") in TIER_RECORDS]
+    t0 = min([*([int(start_ns.min())] if ops else []), *tiers] or [0])
     return OpTable(
         iteration=np.array([r["iteration"] for r in ops], dtype=np.int32),
         phase=np.array([PHASES.index(r["phase"]) for r in ops], dtype=np.int8),
@@ -79,6 +82,7 @@ class RunData:
     ops: OpTable
     ranks: tuple[dict[str, Any], ...]  # the ``rank`` records
     loop: tuple[dict[str, Any], ...] = ()  # --mode async: ``steps`` and ``checkpoint`` records
+    tiers: tuple[dict[str, Any], ...] = ()  # --tiers: ``tier`` and ``tier_restore`` records
 
     @property
     def name(self) -> str:
@@ -94,5 +98,6 @@ def load_runs(paths: Sequence[str]) -> list[RunData]:
     labels = compare.labels([v["run"] for _, _, v in loaded])
     return [RunData(p, label, v, op_table(records),
                     tuple(r for r in records if r.get("type") == "rank"),
-                    tuple(r for r in records if r.get("type") in LOOP_RECORDS))
+                    tuple(r for r in records if r.get("type") in LOOP_RECORDS),
+                    tuple(r for r in records if r.get("type") in TIER_RECORDS))
             for (p, records, v), label in zip(loaded, labels, strict=True)]

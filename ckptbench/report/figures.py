@@ -32,6 +32,7 @@ from matplotlib.transforms import blended_transform_factory
 from ckptbench.errors import CkptbenchError
 from ckptbench.report.data import PHASES, OpTable, RunData
 from ckptbench.report.loop_figures import has_loop, loop_figure
+from ckptbench.report.tier_lanes import draw_tier_lanes, tier_lanes, tier_span
 
 DPI = 100
 WIDTH_IN = 11.0
@@ -82,8 +83,10 @@ def _shade(ax: Any, ops: OpTable) -> None:
 
 
 def timeline(run: RunData) -> Figure:
-    """Every op per rank (threads as sub-lanes) with each rank's end marked."""
+    """Every op per rank (threads as sub-lanes) with each rank's end marked; a tiered
+    run's tiers each in a lane above (report.tier_lanes)."""
     ops = run.ops
+    lanes = len(tier_lanes(run.tiers, ops))
     worker = ops.thread >= 0
     ranks = sorted(set(ops.rank[worker].tolist()) | {r["rank"] for r in run.ranks})
     lookup = np.zeros(max([*ranks, 0]) + 2, dtype=np.float64)
@@ -92,7 +95,7 @@ def timeline(run: RunData) -> Figure:
     h = 0.8 / threads
     y0 = np.where(worker, lookup[ops.rank.clip(0)] - 0.4 + ops.thread.clip(0) * h, -1.4)
     y1 = np.where(worker, y0 + h * 0.9, -0.6)
-    fig = Figure(figsize=(WIDTH_IN, min(14.0, 2.2 + 0.3 * (len(ranks) + 1))))
+    fig = Figure(figsize=(WIDTH_IN, min(14.0, 2.2 + 0.3 * (len(ranks) + 1 + lanes))))
     ax = fig.add_subplot()
     _shade(ax, ops)
     handles: list[Artist] = []
@@ -105,6 +108,8 @@ def timeline(run: RunData) -> Figure:
         ax.add_collection(PolyCollection(list(verts), facecolors=color, edgecolors=color, linewidths=0.6))
         handles.append(Patch(color=color, label=name))
     _label_coordinator(ax, ops)
+    ticks, tier_handles = draw_tier_lanes(ax, run.tiers, ops, -2.0)
+    handles += tier_handles
     ends: dict[tuple[int, str], list[tuple[float, int]]] = {}
     for rec in run.ranks:
         ends.setdefault((rec["iteration"], rec["phase"]), []).append(
@@ -116,11 +121,13 @@ def timeline(run: RunData) -> Figure:
         ax.scatter([last_x], [lookup[last_rank]], marker="|", s=260, color="red", zorder=4, lw=2.5)
     handles += [ax.scatter([], [], marker="|", color="black", label="rank done"),
                 ax.scatter([], [], marker="|", color="red", lw=2.5, label="last rank done")]
-    ax.set_xlim(0, max(float(ops.end.max()) if len(ops) else 1.0, 1e-3) * 1.01)
-    ax.set_ylim(len(ranks) - 0.5, -1.6)
+    ax.set_xlim(0, max(float(ops.end.max()) if len(ops) else 1.0, tier_span(run.tiers, ops),
+                       1e-3) * 1.01)
+    ax.set_ylim(len(ranks) - 0.5, -1.6 - lanes)
     step = max(1, len(ranks) // 32)
-    ax.set_yticks([-1.0, *list(range(0, len(ranks), step))],
-                  ["coordinator"] + [f"rank {ranks[i]}" for i in range(0, len(ranks), step)])
+    ax.set_yticks([*(y for y, _ in ticks), -1.0, *list(range(0, len(ranks), step))],
+                  [*(name for _, name in ticks), "coordinator"]
+                  + [f"rank {ranks[i]}" for i in range(0, len(ranks), step)])
     ax.set_xlabel("seconds since the run's first op")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(f"{run.label}: every call per rank and thread", loc="left", pad=14)
@@ -321,7 +328,9 @@ def run_pictures(run: RunData) -> list[Picture]:
                 "manifest built and encoded on its CPU, the commit; the manifest read) on one "
                 "clock, the long ones named with their seconds. A stall "
                 "is a long bar or a gap; | marks each rank's end, red the last rank of each "
-                "phase (S1 = save of iteration 1, R1 = its restore).", png(timeline(run))),
+                "phase (S1 = save of iteration 1, R1 = its restore). A tiered run has a lane "
+                "per tier above: its copies of each checkpoint (light) and the restarts it "
+                "served (dark, named by scenario).", png(timeline(run))),
         Picture("throughput", "data calls' GB/s over time", "Bytes of the data calls spread "
                 "over each call's duration, binned; dashed: each iteration's throughput (its "
                 "bytes over the phase's wall time, commit included).",

@@ -9,8 +9,8 @@ time for the same bytes (a peer tier's K replicas are K times the bytes of the o
 transfer, so its baseline counts K times).
 
 Per restart scenario (``tier_restore_summary``): seconds from the first process's start
-to the last one's end, bytes, rate, which tier served how many processes, and the slowest
-process's baseline. The storage restart is the last storage checkpoint's restore (its
+to the last one's end, bytes, rate, which tier served how many processes and which ones,
+and the slowest process's baseline. The storage restart is the last storage checkpoint's restore (its
 ``rank`` records, read by the DCP restore plan), measured in the same run.
 """
 
@@ -92,8 +92,10 @@ def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any
     seconds = _span(rows)
     nbytes = sum(r["bytes"] for r in rows)
     served: dict[str, int] = defaultdict(int)
+    by_process: dict[str, list[int]] = defaultdict(list)
     for r in rows:
         served[r["tier"]] += 1
+        by_process[r["tier"]].append(r["process"])
     base = [r["baseline_s"] for r in rows if r.get("baseline_s")]
     slowest = max(r["seconds"] for r in rows)
     ratios = {}  # per serving tier: its slowest process over the slowest baseline
@@ -103,7 +105,8 @@ def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any
             ratios[tier] = max(r["seconds"] for r in mine) / max(r["baseline_s"] for r in mine)
     return {"type": RESTORE_SUMMARY, "scenario": scenario, "iteration": rows[0]["iteration"],
             "seconds": seconds, "bytes": nbytes, "rate_Bps": _rate(nbytes, seconds),
-            "served": dict(served), "slowest_s": slowest, "over_baseline": ratios,
+            "served": dict(served), "served_by": {t: sorted(p) for t, p in by_process.items()},
+            "slowest_s": slowest, "over_baseline": ratios,
             "baseline_s": max(base) if base else None,
             "lost_nodes": rows[0].get("lost_nodes", []),
             "verified": all(r.get("verified") for r in rows)}
@@ -166,7 +169,7 @@ def summarize_tiers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                 records)
     restores = [r for r in records if r.get("type") == "tier_restore"]
     out += [_restore_summary(s, [r for r in restores if r["scenario"] == s])
-            for s in ("process", "node") if any(r["scenario"] == s for r in restores)]
+            for s in ("process", "node", "group") if any(r["scenario"] == s for r in restores)]
     storage = _storage_restore(records)
     out += [storage] if storage else []
     levels = tier_levels(out, records)

@@ -19,6 +19,25 @@ def _steps(r: dict[str, Any]) -> str:
     return f"; steps x{x:.2f}" if x is not None else ""
 
 
+def spans(items: list[int]) -> str:
+    """Sorted integers as runs: [0, 1, 2, 5] -> "0-2,5"."""
+    out: list[str] = []
+    for x in items:
+        if out and x == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ",".join(out)
+
+
+def _served(r: dict[str, Any]) -> str:
+    """Which tier served which processes ("memory p0-1, storage p2-3"), else how many."""
+    by = r.get("served_by")
+    if by:
+        return ", ".join(f"{k} p{spans(v)}" for k, v in sorted(by.items()))
+    return ", ".join(f"{k} {v}" for k, v in sorted(r["served"].items()))
+
+
 def tier_grids(run: dict[str, Any]) -> list[Grid]:
     """The per-tier table and the per-restart table of one run ([] without tiers)."""
     rows = run.get("tiers", [])
@@ -31,7 +50,7 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
                       _s(r["seconds"]), gbps(r["rate_Bps"]), _s(r["baseline_s"]),
                       ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["over_baseline"].items()))
                       or "-",
-                      ", ".join(f"{k} {v}" for k, v in sorted(r["served"].items())))
+                      _served(r))
                      for r in rows if r["type"] == RESTORE_SUMMARY)
     out = []
     if tiers:
@@ -52,8 +71,10 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
             Column("seconds"), Column("GB/s"), Column("baseline s", "max"),
             Column("x baseline", numeric=False), Column("served by", numeric=False)), restarts,
             ("process: every process reads its node's copy; node: the last node is "
-             "replaced, its processes fetch from peers; storage: the last stored "
-             "checkpoint's restore. x baseline: per serving tier, its slowest process over "
+             "replaced, its processes fetch from peers; group: the last node's replication "
+             "group is lost, the shards no tier holds come from storage by the DCP load "
+             "plan, the rest from the tiers; storage: the last stored checkpoint's restore. "
+             "served by: the tier that served each process (p: process numbers). x baseline: per serving tier, its slowest process over "
              "the slowest plain copy (memory) or plain transfer from the same holder (peer) "
              "of the same bytes. Every byte checked against the save's digests.",)))
     return out

@@ -54,7 +54,7 @@ from ckptbench.records import (
     StepsRecord,
 )
 from ckptbench.runner.async_peer import BackgroundReplication
-from ckptbench.runner.comm import Comm
+from ckptbench.runner.comm import Comm, T
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport
 from ckptbench.runner.staging import (
@@ -121,10 +121,10 @@ class _Alone:
     def barrier(self) -> None:
         return None
 
-    def gather(self, obj: Any) -> list[Any] | None:
+    def gather(self, obj: T) -> list[T] | None:
         raise RuntimeError("a background persist makes no collectives")
 
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         raise RuntimeError("a background persist makes no collectives")
 
     def host(self) -> str:
@@ -220,7 +220,7 @@ class AsyncLoop:
         lo = self.o.loop
         self.expected = self.state.load(jobs, self.fmt.gen)
         copy_bw = self.state.copy_bandwidth(staging)
-        kernel = open_kernel(lo.kernel, self.state.kind, getattr(self.state, "device", None))
+        kernel = open_kernel(lo.kernel, self.state.kind, self.state.device)
         self.comm.barrier()  # every process calibrates at once, as they will step
         sched = schedule(self._agree(unit_seconds(kernel)), lo.step_seconds)
         total = (self.o.iterations + 1) * lo.steps_per_checkpoint

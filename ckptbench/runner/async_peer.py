@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import socket
 import threading
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ckptbench.errors import RunFailed, describe_error
-from ckptbench.formats.base import FileJob, now
+from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.payload import ChunkHasher
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.runner.comm import Comm
-from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send
-from ckptbench.runner.tier_store import make_dirs, node_dir, remove_dirs, remove_names
-from ckptbench.runner.tiers import run_at_once, touched
+from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_store import make_dirs, node_dir, remove_dirs, remove_names, touched
 
 
 class BackgroundReplication:
@@ -46,14 +44,14 @@ class BackgroundReplication:
         self.node = tplan.node_of[self.proc]
         self.nbytes = nbytes
         machine = socket.gethostname()  # reached at the machine's name, as runner.tiers
-        loopback = len(set(comm.bcast(comm.gather(machine)))) == 1
+        loopback = len(set(everyone(comm, machine))) == 1
         make_dirs(tplan.spec.memory_dir, run_id, self.node)
         self.server = PeerServer(node_dir(tplan.spec.memory_dir, run_id, self.node),
                                  "127.0.0.1" if loopback else "0.0.0.0")
         me = ("127.0.0.1" if loopback else machine, self.server.port)
-        self.addresses: list[tuple[str, int]] = comm.bcast(comm.gather(me))
+        self.addresses: list[tuple[str, int]] = everyone(comm, me)
         self.transport = "tcp-loopback" if loopback else "tcp"
-        self.sizes: list[int] = comm.bcast(comm.gather(nbytes))
+        self.sizes: list[int] = everyone(comm, nbytes)
         self.plain = touched(max(self.sizes))  # the plain transfers' memory, both ways
         self.server.lend(self.plain)
         self.holders = tplan.holders(self.proc)
@@ -77,8 +75,8 @@ class BackgroundReplication:
         def work() -> None:
             t0 = now()
             try:
-                run_at_once([partial(send, self.addresses[h], PUT, self.proc, it, snapshot)
-                             for h in self.holders])
+                send_all([self.addresses[h] for h in self.holders], PUT, self.proc, it,
+                         snapshot)
             except BaseException as exc:
                 self.error = f"checkpoint {it}: replication: {describe_error(exc)[1]}"
                 return

@@ -16,11 +16,14 @@ from __future__ import annotations
 import queue
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptbench.runner.scheduler import node_name
 
 COMM_TIMEOUT_S = 3600.0
+
+
+T = TypeVar("T")  # what a collective carries: a gather returns a list of it
 
 
 class CommError(RuntimeError):
@@ -36,11 +39,11 @@ class Comm(ABC):
     def barrier(self) -> None: ...
 
     @abstractmethod
-    def gather(self, obj: Any) -> list[Any] | None:
+    def gather(self, obj: T) -> list[T] | None:
         """Process 0 gets every process's obj in rank order; the others get None."""
 
     @abstractmethod
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         """Every process gets process 0's obj."""
 
     def clock_offset_ns(self) -> int:
@@ -60,10 +63,10 @@ class SingleComm(Comm):
     def barrier(self) -> None:
         return None
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: T) -> list[T]:
         return [obj]
 
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         return obj
 
 
@@ -98,7 +101,7 @@ class ProcessComm(Comm):
                 if time.monotonic() > deadline:
                     raise CommError("a peer process stopped answering") from None
 
-    def gather(self, obj: Any) -> list[Any] | None:
+    def gather(self, obj: T) -> list[T] | None:
         if self.rank != 0:
             self._inboxes[0].put((self.rank, obj))
             return None
@@ -118,12 +121,13 @@ class ProcessComm(Comm):
                 self._early.setdefault(r, []).append(o)
         return out
 
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         if self.rank == 0:
             for r in range(1, self.size):
                 self._inboxes[r].put(obj)
             return obj
-        return self._get(self._inboxes[self.rank])
+        out: T = self._get(self._inboxes[self.rank])
+        return out
 
     def abort(self, code: int = 1) -> None:
         self._aborted.value = 1

@@ -224,6 +224,11 @@ class Iterations:
             decision = self.commit(it, gathered, self.sink)
         _agree(comm, decision)
 
+    def evict(self, it: int) -> list[str] | None:
+        """Collective: checkpoint `it`'s files out of the caches before it is read again
+        (process 0 gets each process's method)."""
+        return _evict(self.fmt, self.jobs(it), self.backend, self.comm, self.options)
+
     def restore(self, it: int) -> None:
         """Collective, once iteration `it`'s checkpoint is committed: evict it from caches,
         restore and verify it, then remove it unless kept; RunFailed everywhere when the

@@ -4,7 +4,8 @@ The parent prepares the target, writes the run record, forks one process per pla
 and watches them: progress comes through a shared array, records (process 0's) and the
 first error through queues (read by a thread of the parent's, so a message half written
 by a killed rank never blocks it), and a process that dies, or stalls while alive
-(SIGSTOP included: runner.watch_ranks), makes the parent stop the rest (no hang). No
+(SIGSTOP included: runner.watch_ranks), makes the parent stop the rest (no hang); a
+stalled rank's threads are dumped first (runner.thread_dump), into the error record. No
 wait of the parent's is on a lock a rank could hold. Every child asks the kernel to kill it when the parent dies (PR_SET_PDEATHSIG), so
 no rank outlives a killed parent.
 """
@@ -25,8 +26,9 @@ from ckptbench.runner.comm import ProcessComm, SingleComm
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
-from ckptbench.runner.session import Launcher, Progress, Topology
-from ckptbench.runner.stall import OnStall, Publish, StallWatch
+from ckptbench.runner.session import Launcher, Progress, RankProgress, Topology
+from ckptbench.runner.stall import OnStall, Publish, StallWatch, with_threads
+from ckptbench.runner.thread_dump import DumpFile
 from ckptbench.runner.watch_ranks import Inbox, RankWatch
 
 GRACE_S = 5.0  # after a process fails, how long the others get to report before being stopped
@@ -78,9 +80,11 @@ def _report_stall(errors: Any, records: Any) -> OnStall:
 class Shared:
     """What the parent and the ranks share without a lock (a rank killed while holding a
     lock would hold it for ever): each rank's bytes moved, what it is watched for (empty:
-    no bytes expected now) and the abort flag."""
+    no bytes expected now), the abort flag, and the file each rank dumps its threads into
+    when it stalls."""
 
     def __init__(self, ctx: Any, size: int) -> None:
+        self.dumps = [DumpFile() for _ in range(size)]
         self.progress = ctx.Array("q", size, lock=False)
         self.what = ctx.Array("c", size * WHAT_BYTES, lock=False)
         self.aborted = ctx.RawValue("b", 0)
@@ -109,6 +113,7 @@ class Shared:
 def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: list[Any],
            errors: Any, records: Any) -> None:
     shared.started[index] = time.monotonic_ns()
+    shared.dumps[index].arm()  # before anything can stall: the parent may ask for the dump
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
     # SIGTERM/SIGHUP (to the process group, by timeout/systemd/Slurm): end at once; the
@@ -122,7 +127,8 @@ def _child(index: int, req: RunRequest, parent: int, shared: Shared, inboxes: li
         shared.progress[index] += n
 
     watch = StallWatch(req.options.stall_timeout, _report_stall(errors, records),
-                       f"rank {ranks[index]}", shared.publisher(index))
+                       f"rank {ranks[index]}", shared.publisher(index),
+                       shared.dumps[index].write)
     code = 0
     try:
         run_iterations(req.plan, [ranks[index]], ranks, req.backend, comm, req.options,
@@ -207,9 +213,22 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
                                                errors, records), daemon=True)
              for i in range(size)]
     shared.forked_ns = time.monotonic_ns()
+    try:
+        _run_ranks(procs, shared, Inbox(records, errors, start=False), sink, on_progress, req)
+    finally:
+        for dump in shared.dumps:
+            dump.close()
+    return shared
+
+
+def _run_ranks(procs: list[Any], shared: Shared, inbox: Inbox, sink: JsonlSink | None,
+               on_progress: Progress | None, req: RunRequest) -> None:
+    """Start the ranks, watch them until they end, and raise RunFailed with the first
+    failure (a stall's record holds the stalled rank's thread dump)."""
+    ranks = req.ranks
     for p in procs:
         p.start()
-    inbox = Inbox(records, errors)  # its reading thread starts after the forks
+    inbox.start()  # its reading thread starts after the forks
     watch = RankWatch([p.pid or 0 for p in procs], ranks, req.options.stall_timeout)
     try:
         first_dead, stall = _watch(procs, shared, watch, inbox, sink, on_progress)
@@ -223,12 +242,26 @@ def _run_forked(req: RunRequest, sink: JsonlSink | None, on_progress: Progress |
         inbox.close()
         _drain(inbox, sink)
     if first_dead is None and stall is None and all(p.exitcode == 0 for p in procs):
-        return shared
+        return
     kind, message, recorded = stall or _failure(ranks, procs, first_dead, inbox)
+    threads = _stalled_threads(kind, shared, first_dead)
     if sink is not None and not recorded:  # a rank died or stalled: the record says why
-        sink.write(ErrorRecord(0, "run", kind, message))
+        sink.write(ErrorRecord(0, "run", kind, message, threads=threads))
         sink.flush()
     raise RunFailed(message, kind)
+
+
+def _stalled_threads(kind: str, shared: Shared,
+                     first_dead: tuple[int, int] | None) -> str | None:
+    """The thread dump of the rank that stalled, for the error record (None for other
+    failures); stderr keeps its one line, which names where each thread waited."""
+    if kind != "stall":
+        return None
+    for index, dump in enumerate(shared.dumps):
+        threads = dump.read()
+        if threads and (first_dead is None or first_dead[0] == index):
+            return threads
+    return None
 
 
 Failure = tuple[str, str, bool]  # kind, message, whether process 0 already recorded it
@@ -242,7 +275,7 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
     others (they may wait for it in a gather), and those still running GRACE_S later are
     stopped. Returns (index, exit code) of the first rank that failed, or the stall."""
     reported = 0
-    per_rank = getattr(on_progress, "ranks", None)  # a progress that shows each rank
+    per_rank = on_progress.ranks if isinstance(on_progress, RankProgress) else None
     first_dead: tuple[int, int] | None = None
     stall: Failure | None = None
     failed_at = 0.0
@@ -261,6 +294,7 @@ def _watch(procs: list[Any], shared: Shared, watch: RankWatch, inbox: Inbox,
             stalled = None if first_dead else watch.check(shared.progress, shared.watched_for)
             if stalled is not None:
                 index, message = stalled
+                message = with_threads(message, shared.dumps[index].request(procs[index].pid))
                 procs[index].kill()  # alive but moving nothing (stopped, or hung)
                 stall = ("stall", message, False)
             if first_dead is not None or stall is not None:

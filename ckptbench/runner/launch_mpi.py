@@ -23,15 +23,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError, describe_error
-from ckptbench.formats.base import now
+from ckptbench.formats.base import from_root, now
 from ckptbench.records import ClockRecord, JsonlSink
-from ckptbench.runner.comm import Comm
+from ckptbench.runner.comm import Comm, T
 from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
@@ -142,11 +142,13 @@ class MPIComm(Comm):
     def barrier(self) -> None:
         self.c.Barrier()
 
-    def gather(self, obj: Any) -> list[Any] | None:
-        return self.c.gather(obj, root=0)
+    def gather(self, obj: T) -> list[T] | None:
+        out: list[T] | None = self.c.gather(obj, root=0)
+        return out
 
-    def bcast(self, obj: Any) -> Any:
-        return self.c.bcast(obj, root=0)
+    def bcast(self, obj: T) -> T:
+        out: T = self.c.bcast(obj, root=0)
+        return out
 
     def allgather(self, obj: Any) -> list[Any]:
         return self.c.allgather(obj)
@@ -198,16 +200,15 @@ class MPIComm(Comm):
             elif self.rank == leader:
                 estimate = self._ping(rounds)
         estimates = self.gather(estimate)
-        table = None
+        table: list[dict[str, Any]] | None = None
         if self.rank == 0:
             assert estimates is not None
             table = [{"host": h, "processes": [p for p, x in enumerate(hosts) if x == h],
                       "clock_offset_ns": estimates[leader][0],
                       "clock_rtt_ns": estimates[leader][1]} for h, leader in leaders.items()]
-        table = self.bcast(table)
+        nodes = from_root(self, table)
         if apply:
-            self._offset = next(n["clock_offset_ns"] for n in table if n["host"] == self._host)
-        nodes: list[dict[str, Any]] = table
+            self._offset = next(n["clock_offset_ns"] for n in nodes if n["host"] == self._host)
         return nodes
 
 
@@ -284,8 +285,9 @@ class MPILauncher(Launcher):
             if factor:
                 def scaled(k: int) -> None:
                     progress(int(k * factor))
-        watch = StallWatch(req.options.stall_timeout, _exit_stalled,
-                           f"MPI rank {comm.rank} on {comm.host()}")
+        who = f"MPI rank {comm.rank} on {comm.host()}"
+        watch = StallWatch(req.options.stall_timeout, _exit_stalled, who,
+                           dump=_print_threads(who))
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
                            scaled, watch, req.names)
@@ -339,6 +341,15 @@ def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[st
     """The run record's `scheduler` entry (Slurm's job, step and placement), if any."""
     found = placement(step_facts(), places, groups)
     return {"scheduler": found} if found else {}
+
+
+def _print_threads(who: str) -> Callable[[str], None]:
+    """A stalled rank's thread dump, on its stderr (mpirun/srun collect it; no MPI call:
+    the watchdog is not the main thread)."""
+    def dump(threads: str) -> None:
+        sys.stderr.write(f"{who} stalled; its threads, innermost call first:\n"
+                         f"{threads.rstrip()}\n")
+    return dump
 
 
 def _exit_stalled(message: str) -> None:

@@ -95,10 +95,10 @@ def measured_facts(gathered: list[PhaseReport]) -> dict[str, Any]:
     longest op that names them (DCP's load: metadata, planning, data, sync)."""
     ops = [rop.op for report in gathered for rop in report.ops]
     out: dict[str, Any] = {"read_bytes": sum(o.nbytes for o in ops)}
-    parted = [o for o in ops if o.extra and "parts" in o.extra]
+    parted = [(o.end_ns - o.start_ns, o.extra["parts"]) for o in ops
+              if o.extra and "parts" in o.extra]
     if parted:
-        slowest = max(parted, key=lambda o: o.end_ns - o.start_ns)
-        out["parts"] = dict(slowest.extra["parts"])  # type: ignore[index]
+        out["parts"] = dict(max(parted, key=lambda p: p[0])[1])
     return out
 
 

@@ -15,9 +15,9 @@ each of them. The caller owns the sink: it summarizes what the sink kept in memo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -51,9 +51,19 @@ from ckptbench.runner.options import RunRequest
 from ckptbench.runner.resources import check_options, resource_error
 from ckptbench.runner.signals import signal_name
 from ckptbench.runner.startup import startup_record
-from ckptbench.runner.tiers import place_tiers
+from ckptbench.runner.tier_store import place_tiers, remove_run_copies
 
 Progress = Callable[[int], None]
+
+
+@runtime_checkable
+class RankProgress(Protocol):
+    """A progress that also shows each rank's bytes (ckptbench.progress.Status): a
+    launcher that sees them (local processes) hands them on."""
+
+    def __call__(self, n: int) -> None: ...
+
+    def ranks(self, moved: Sequence[int]) -> None: ...
 
 
 @dataclass
@@ -386,7 +396,11 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     finally:
         if lease is not None:
             lease.stop()
+        if launcher.kind == "local" and req.options.tiers.enabled:  # its processes are gone
+            remove_run_copies(req.options.tiers.memory_dir, names.run_id)
         if launcher.root:
+            if not clean:  # bounded from here; after a stall, one short try (the budget)
+                req.backend.cleaning_up(failure is not None and failure.kind == "stall")
             _finish(req, names, clean, sink, notice)
         launcher.barrier()
         req.backend.release()

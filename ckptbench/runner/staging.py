@@ -55,6 +55,7 @@ class DeviceState(ABC):
     fixed order, and the staging memory its snapshots go to."""
 
     kind = "?"
+    device: Any = None  # the torch device the state lives on (CudaState); None: the host
 
     def __init__(self, jobs: list[FileJob]) -> None:
         self.offsets: dict[int, int] = {}

@@ -15,6 +15,9 @@ stops with it. So the watch also publishes whether it expects bytes (`publish`: 
 watched, or None while disarmed or waiting for peers), and the local launcher's parent
 watches those ranks' progress counters from outside (runner.launch_local).
 
+When it fires, the message names what each thread of the process was waiting on, and the
+whole thread dump goes to `dump` (runner.thread_dump): a stall is a bug report, not a guess.
+
 A format that cannot report bytes as they move (torch-dcp: one op per save) is not
 watched; its storage calls' own timeouts still apply.
 """
@@ -25,10 +28,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+
+from ckptbench.formats.base import Group, T
+from ckptbench.runner.thread_dump import format_threads, summarize
 
 OnStall = Callable[[str], None]
 Publish = Callable[["str | None"], None]
+Dump = Callable[[str], None]
 OVERSLEPT_S = 2.0  # a watchdog that woke this late was itself stopped: the clock restarts
 
 
@@ -38,14 +44,21 @@ def stall_message(who: str, timeout: float, what: str) -> str:
             "storage a larger --stall-timeout")
 
 
+def with_threads(message: str, dump: str) -> str:
+    """The stall message and what the stalled process's threads were waiting on."""
+    return f"{message}; its threads: {summarize(dump)}" if dump else message
+
+
 class StallWatch:
     """Calls `on_stall(message)` once, from a watchdog thread, when the watch is armed and
-    no tick came for `timeout` seconds; `timeout` 0 turns it off."""
+    no tick came for `timeout` seconds; `timeout` 0 turns it off. The message names what
+    the threads were waiting on; the whole thread dump goes to `dump` first."""
 
     def __init__(self, timeout: float, on_stall: OnStall, who: str = "this process",
-                 publish: Publish | None = None) -> None:
+                 publish: Publish | None = None, dump: Dump | None = None) -> None:
         self.timeout = timeout
         self.publish = publish
+        self.dump = dump
         self.on_stall = on_stall
         self.who = who
         self._lock = threading.Lock()
@@ -116,13 +129,17 @@ class StallWatch:
                 stalled = what is not None and not self._paused and idle >= self.timeout
             if stalled:
                 self.fired = True
-                self.on_stall(stall_message(self.who, self.timeout, str(what)))
+                threads = format_threads()
+                if self.dump is not None:
+                    self.dump(threads)
+                self.on_stall(with_threads(stall_message(self.who, self.timeout, str(what)),
+                                           threads))
 
 
 class WatchedGroup:
     """A format's Group whose collectives hold the stall clock (waiting for peers)."""
 
-    def __init__(self, group: Any, watch: StallWatch) -> None:
+    def __init__(self, group: Group, watch: StallWatch) -> None:
         self._group = group
         self._watch = watch
         self.rank: int = group.rank
@@ -132,17 +149,14 @@ class WatchedGroup:
         with self._watch.waiting():
             self._group.barrier()
 
-    def gather(self, obj: Any) -> list[Any] | None:
+    def gather(self, obj: T) -> list[T] | None:
         with self._watch.waiting():
-            out: list[Any] | None = self._group.gather(obj)
-        return out
+            return self._group.gather(obj)
 
-    def bcast(self, obj: Any) -> Any:
+    def bcast(self, obj: T) -> T:
         with self._watch.waiting():
             return self._group.bcast(obj)
 
     def host(self) -> str:
-        return str(self._group.host())
+        return self._group.host()
 
-    def __getattr__(self, name: str) -> Any:  # clock offsets and the like: the group's own
-        return getattr(self._group, name)

@@ -113,12 +113,17 @@ class PeerServer:
             self.held.append(path)
             self.prepared[(src, it)] = PreparedCopy(path, nbytes)
 
-    def _put(self, conn: socket.socket, src: int, it: int, nbytes: int) -> None:
+    def take(self, src: int, it: int, nbytes: int) -> PreparedCopy:
+        """src's replica of checkpoint `it` to be filled (prepared ahead, or made now),
+        by a connection here or by another transport (MPI)."""
         with self._lock:
             copy = self.prepared.pop((src, it), None)
             if copy is None:
                 self.held.append(self.path(src, it))
-        copy = copy or PreparedCopy(self.path(src, it), nbytes)
+        return copy or PreparedCopy(self.path(src, it), nbytes)
+
+    def _put(self, conn: socket.socket, src: int, it: int, nbytes: int) -> None:
+        copy = self.take(src, it, nbytes)
         try:
             if copy.view.nbytes != nbytes:
                 raise ConnectionError(f"a replica of {nbytes} bytes for a shard of "
@@ -166,6 +171,26 @@ def send(address: tuple[str, int], op: int, src: int, it: int, data: np.ndarray)
         sock.sendall(data.data)
         if _recv_exact(sock, 1) != b"\1":
             raise ConnectionError("the holder did not acknowledge the replica")
+
+
+def send_all(addresses: list[tuple[str, int]], op: int, src: int, it: int, data: np.ndarray
+             ) -> None:
+    """`data` to every holder at once (a thread each); the first error raised."""
+    errors: list[BaseException] = []
+
+    def one(address: tuple[str, int]) -> None:
+        try:
+            send(address, op, src, it, data)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(a,), daemon=True) for a in addresses]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def fetch(address: tuple[str, int], src: int, it: int, out: np.ndarray,

@@ -18,13 +18,19 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
+import stat
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ckptbench.errors import SpecError
-from ckptbench.plan.tiers import TierPlan
+from ckptbench.plan import Plan
+from ckptbench.plan.tiers import TierPlan, plan_tiers
+from ckptbench.runner.options import RunOptions
+from ckptbench.runner.scheduler import slurm_node
 from ckptbench.units import format_size
 
 RUN_DIR_PREFIX = "ckptbench-"
@@ -116,6 +122,13 @@ def write_copy(path: Path, data: np.ndarray) -> None:
     copy.release()
 
 
+def touched(nbytes: int) -> np.ndarray:
+    """`nbytes` of memory with every page faulted in (off the clock)."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    out.fill(1)
+    return out
+
+
 def read_copy(path: Path, out: np.ndarray) -> None:
     """A held copy read into `out` (a restarted process's state, allocated before).
 
@@ -144,6 +157,40 @@ def remove_dirs(memory_dir: str, run_id: str, nodes: list[int]) -> None:
             node_dir(memory_dir, run_id, n).rmdir()
     with contextlib.suppress(OSError):
         run_dir(memory_dir, run_id).rmdir()
+
+
+COPY_NAME = re.compile(r"(replica-)?p\d+-ckpt\d+\.bin(\.part)?")
+NODE_DIR = re.compile(r"node\d+")
+
+
+def remove_run_copies(memory_dir: str, run_id: str) -> None:
+    """Every copy of run `run_id` on this machine, by the names the run gives them, then its
+    directories once empty: what a process killed outright (SIGKILL, a signal to the whole
+    group) could not remove. The launcher calls it once its processes are gone, so a copy
+    in tmpfs, which is host memory, never outlives the run. Links are removed, never
+    followed; anything else in those directories stays."""
+    run = run_dir(memory_dir, run_id)
+    if not _real_dir(run):
+        return
+    for node in os.listdir(run):
+        path = run / node
+        if not (NODE_DIR.fullmatch(node) and _real_dir(path)):
+            continue
+        for name in os.listdir(path):
+            if COPY_NAME.fullmatch(name):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    (path / name).unlink()
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    with contextlib.suppress(OSError):
+        run.rmdir()
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def free_bytes(memory_dir: str) -> int:
@@ -182,3 +229,18 @@ def check_memory(tplan: TierPlan, proc_bytes: list[int], hosts: list[str],
         raise SpecError(f"--memory-dir {spec.memory_dir}: the nodes on host {host} would hold "
                         f"{format_size(per_host[host])}, it has {format_size(free)} free; "
                         "allowed: a larger --scale, fewer --peer-replicas or nodes per host")
+
+
+def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts: list[str]
+                ) -> tuple[RunOptions, SpecError | None]:
+    """The options with the tiers placed on the run's processes (plan.tiers) and their
+    copies checked against the memory budget; or the one-line refusal."""
+    try:
+        tplan = plan_tiers(options.tiers, hosts, "slurm nodes" if slurm_node() else
+                           "launcher hosts")
+        if tplan is None:
+            return options, None
+        check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)
+    except SpecError as exc:
+        return options, exc
+    return replace(options, tier_plan=tplan), None

@@ -8,8 +8,9 @@ memory   a plain copy of the state into new memory (the physical limit), then th
          into the node's shared memory file (runner.tier_store): the blocking part, as
          async mode's snapshot is measured
 peer     a plain transfer of the same bytes to the first holder over the same transport
-         (discarded there), then the shard to each of its k holders (runner.tier_peer),
-         timed until every holder acknowledged the complete replica
+         (discarded there), then the shard to each of its k holders, timed until every
+         holder acknowledged the complete replica: over MPI point-to-point when MPI
+         launched the run (runner.tier_mpi), else TCP sockets (runner.tier_peer)
 storage  every --storage-every-th checkpoint: the ordinary save and restore (driver)
 
 The copies of the checkpoint before the last two are removed as a new one is held. After
@@ -19,6 +20,10 @@ process  a process restarts on its intact node: each reads its node's memory cop
 node     the last node is replaced: its memory copies and the replicas it held are
          removed, its processes fetch their shards from surviving holders; the others
          read their memory copies
+group    the last node's replication group is lost (it and every node holding its
+         replicas): the newest checkpoint in storage (kept for this) restores, the shards
+         no tier holds from storage by the DCP load plan, the rest from memory or
+         surviving peers, at once (runner.tier_storage)
 
 Every byte restored is checked against the save's digests (kept by process 0, as a
 manifest is); a mismatch or a shard no tier holds is one line naming it.
@@ -27,34 +32,31 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 from __future__ import annotations
 
 import socket
-import statistics
-import threading
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckptbench.errors import RunFailed, SpecError, describe_error
-from ckptbench.formats.base import file_jobs, now
+from ckptbench.errors import RunFailed, describe_error
+from ckptbench.formats.base import everyone, file_jobs, from_root, now
 from ckptbench.payload import PayloadGenerator, digest
-from ckptbench.plan import Plan
-from ckptbench.plan.tiers import HELD_COPIES, TierPlan, plan_tiers
+from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
-from ckptbench.runner.options import RunOptions
-from ckptbench.runner.scheduler import slurm_node
-from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send
+from ckptbench.runner.cleanup import remove_checkpoint
+from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
+from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_restart import Restart
+from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
-    check_memory,
     copy_name,
     make_dirs,
     node_dir,
     read_copy,
     remove_dirs,
     remove_names,
+    touched,
 )
 
 if TYPE_CHECKING:
@@ -62,34 +64,10 @@ if TYPE_CHECKING:
 
 
 # A restart's reads interleaved with their baselines (A B B A A B): a machine whose load
-# drifts slows both alike; the records keep every round and their medians.
+# drifts slows both alike; the records keep every round and their medians. The group
+# restart runs one of each: its storage read is cold (evicted first), as after a save.
 RESTART_ORDER = ("baseline", "read", "read", "baseline", "baseline", "read")
-
-
-def run_at_once(calls: list[Callable[[], None]]) -> None:
-    """Run `calls` at once; raise the first error."""
-    errors: list[BaseException] = []
-
-    def wrap(call: Callable[[], None]) -> None:
-        try:
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrap, args=(c,), daemon=True) for c in calls]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def touched(nbytes: int) -> np.ndarray:
-    """`nbytes` of memory with every page faulted in (off the clock)."""
-    out = np.empty(nbytes, dtype=np.uint8)
-    out.fill(1)
-    return out
+GROUP_ORDER = ("baseline", "read")
 
 
 def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
@@ -123,18 +101,23 @@ class TierRun:
         self.server: PeerServer | None = None
         self.addresses: list[tuple[str, int]] = []
         self.transport = ""
+        self.mpi: MpiPeers | None = None  # MPI launched the run: replicas go by MPI
+        self.sinks: dict[int, np.ndarray] = {}  # MPI: the plain transfers' destinations
+        self.kept = 0  # the storage checkpoint kept for the group restart (0: none)
 
     # --- the run ---
     def run_all(self) -> None:
         ok = False
         try:
             self._start()
+            group = (self.tp.last_stored(self.o.iterations)
+                     if self.o.restore and self.spec.use != ("storage",) else 0)
             for it in range(1, self.o.iterations + 1):
                 self._checkpoint(it)
                 if self.tp.stores(it):
                     self.run.claim(it)
                     self.run.save(it)
-                    self.run.restore(it)  # the storage restart: measured, verified, removed
+                    self._storage_restart(it, keep=it == group)
             if self.o.restore and self.spec.use != ("storage",):
                 try:
                     self._restarts(self.o.iterations)
@@ -148,27 +131,49 @@ class TierRun:
         finally:
             self._stop(ok)
 
+    def _storage_restart(self, it: int, keep: bool) -> None:
+        """The storage restart: measured, verified, removed; the newest one kept for the
+        group restart (removed by :meth:`_stop`)."""
+        if not keep:
+            self.run.restore(it)
+            return
+        self.kept = it
+        self.run.options = replace(self.o, keep=True)
+        try:
+            self.run.restore(it)
+        finally:
+            self.run.options = self.o
+
     def _start(self) -> None:
         # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
         # nodes Slurm emulates on one machine have names no resolver knows.
         machine = socket.gethostname()
-        loopback = len(set(self.comm.bcast(self.comm.gather(machine)))) == 1
+        machines = everyone(self.comm, machine)
+        loopback = len(set(machines)) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
         if self.spec.has("peer"):
             self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
             me = ("127.0.0.1" if loopback else machine, self.server.port)
-            self.addresses = self.comm.bcast(self.comm.gather(me))
+            self.addresses = everyone(self.comm, me)
             self.transport = "tcp-loopback" if loopback else "tcp"
+            if self.comm.kind == "mpi" and self.spec.peer_transport == "auto":
+                self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
-        self.sizes: list[int] = self.comm.bcast(self.comm.gather(self.nbytes))
+        self.sizes: list[int] = everyone(self.comm, self.nbytes)
         self.state: np.ndarray | None = touched(self.nbytes)  # as a training state is
         # the plain copy's destination; the holder's plain transfers use it too
         self.plain = touched(max(self.sizes))
         if self.server is not None:
             self.server.lend(self.plain)
+        if self.mpi is not None:  # a plain transfer's destination per sender, off the clock
+            self.sinks = {p: touched(self.sizes[p]) for p in self.tp.held_for(self.proc)
+                          if self.tp.holders(p)[0] == self.proc}
 
     def _stop(self, ok: bool) -> None:
+        if self.kept and self.comm.rank == 0 and not self.o.keep:
+            remove_checkpoint(self.run.backend, self.run.made,
+                              self.run.plan.checkpoint_name(self.kept))
         remove_names(self.mine)
         if self.server is not None:
             remove_names(self.server.held)
@@ -226,20 +231,41 @@ class TierRun:
             holders = self.tp.holders(self.proc)
             for src in self.tp.held_for(self.proc):  # off the clock
                 self.server.prepare(src, it, self.sizes[src])
-            self.comm.barrier()
-            t0 = now()
-            send(self.addresses[holders[0]], SINK, self.proc, it, state)
-            t1 = now()
-            self.comm.barrier()
-            t2 = now()
-            run_at_once([partial(send, self.addresses[h], PUT, self.proc, it, state)
-                      for h in holders])
-            t3 = now()
+            t0, t1, t2, t3 = self._replicate(it, state, holders)
             self._record("peer", it, (t2, t3), (t1 - t0) / 1e9, "plain transfer",
                          transport=self.transport, holders=holders,
                          replicas=len(holders))
         self.comm.barrier()  # every copy of `it` held: the oldest is let go
         self._drop(it - HELD_COPIES)
+
+    def _replicate(self, it: int, state: np.ndarray, holders: list[int]
+                   ) -> tuple[int, int, int, int]:
+        """The plain transfer to the first holder, then the replicas to every holder
+        (over MPI or TCP); the clock readings around each."""
+        assert self.server is not None
+        self.comm.barrier()
+        t0 = now()
+        if self.mpi is not None:
+            self.mpi.exchange([(holders[0], state)], list(self.sinks.items()), TAG_PLAIN)
+        else:
+            send(self.addresses[holders[0]], SINK, self.proc, it, state)
+        t1 = now()
+        self.comm.barrier()
+        t2 = now()
+        if self.mpi is not None:
+            copies = {p: self.server.take(p, it, self.sizes[p])
+                      for p in self.tp.held_for(self.proc)}
+            self.mpi.exchange([(h, state) for h in holders],
+                              [(p, c.view) for p, c in copies.items()], TAG_REPLICA)
+            for c in copies.values():
+                c.commit()  # held only once every byte is in
+            t3 = now()
+            for c in copies.values():
+                c.release()
+        else:
+            send_all([self.addresses[h] for h in holders], PUT, self.proc, it, state)
+            t3 = now()
+        return t0, t1, t2, t3
 
     def _drop(self, it: int) -> None:
         if it < 1:
@@ -254,10 +280,13 @@ class TierRun:
 
     # --- restarts ---
     def _restarts(self, it: int) -> None:
-        expected = self.comm.bcast(self.expected.get(it))
+        expected = from_root(self.comm, self.expected.get(it))
         self._restart("process", it, set(), expected)
         if self.spec.has("peer"):
             self._restart("node", it, {self.tp.nodes - 1}, expected)
+        if self.kept:
+            lost = set(self.tp.group(self.tp.nodes - 1))
+            self._restart("group", self.kept, lost, from_root(self.comm, self.expected.get(self.kept)))
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
@@ -265,53 +294,42 @@ class TierRun:
         copies), then the read back into memory allocated before the clock starts (a
         framework builds its model before it loads) interleaved with its baseline (a plain
         copy of the same bytes, or a plain transfer of them from the same holder), every
-        process at once, in RESTART_ORDER; then verified."""
-        error: str | None = None
-        source = self.tp.serving_tier(self.proc, lost)
+        process at once, in RESTART_ORDER; verified once every process's bytes are in. In
+        the group scenario storage serves what no tier holds, beside the tiers."""
+        held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
+        source = self.tp.serving_tier(self.proc, lost) if held else None
         if self.plain.nbytes < self.nbytes:  # the last restart took it as the state
             self.plain = touched(max(self.sizes))
             if self.server is not None:
                 self.server.lend(self.plain)
-        data = self.plain[:self.nbytes]  # the baseline's destination, then the restore's
-        state, self.state = self.state, None  # the process restarts: its state is gone
+        r = Restart(scenario, it, lost, source, self.plain[:self.nbytes], self.state)
+        self.state = None  # the process restarts: its state is gone
         if self.node in lost:  # the node replaced: its copies are gone with it
             self._drop(it)
-        spans: dict[str, list[tuple[int, int]]] = {"read": [], "baseline": []}
-        for step in RESTART_ORDER:
+        if scenario == "group":  # storage is read cold, as after its own save
+            self.run.evict(it)
+        error: str | None = None
+        for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
             self.comm.barrier()
-            if error:
-                continue
-            try:
-                t = now()
-                self._restart_step(step, source, it, lost, data, state)
-                spans[step].append((t, now()))
+            try:  # a collective part is entered after an error too: none waits for it
+                self._round(step, r, error)
             except BaseException as exc:
-                error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+                error = error or (str(exc) if isinstance(exc, RunFailed)
+                                  else describe_error(exc)[1])
         # Every process's bytes in before any checks them: a digest taken beside another
         # process's read would take its CPU (2 cores, 8 processes), inside its seconds.
         self.comm.barrier()
         try:
             if error:
                 raise RunFailed(error, "restore")
-            assert source is not None
-            tier, holder = source
-            t2 = now()
-            self._verify(data, expected[self.proc], it, tier, holder)
-            t3 = now()
-            self.state, self.plain = data, np.empty(0, dtype=np.uint8)
-            reads = [(b - a) / 1e9 for a, b in spans["read"]]
-            bases = [(b - a) / 1e9 for a, b in spans["baseline"]]
-            self.records.append({
-                "type": "tier_restore", "scenario": scenario, "iteration": it,
-                "process": self.proc, "node": self.node, "tier": tier,
-                "from_node": self.tp.node_of[holder], "from_process": holder,
-                "bytes": len(data), "start_ns": spans["read"][0][0] + self.offset,
-                "end_ns": spans["read"][0][1] + self.offset,
-                "seconds": statistics.median(reads), "rounds_s": reads,
-                "verify_s": (t3 - t2) / 1e9, "verified": True,
-                "baseline_s": statistics.median(bases), "baseline_rounds_s": bases,
-                "baseline": "plain copy" if tier == "memory" else "plain transfer",
-                "lost_nodes": sorted(lost)})
+            t0 = now()
+            if r.source is not None:
+                self._verify(r.data, expected[self.proc], it, *r.source)
+            rec = r.record(self.tp.node_of, self.offset, (now() - t0) / 1e9, self.o.verify)
+            self.state, self.plain = r.data, np.empty(0, dtype=np.uint8)
+            self.records.append({"type": "tier_restore", "scenario": scenario,
+                                 "iteration": it, "process": self.proc, "node": self.node,
+                                 **rec, "lost_nodes": sorted(lost)})
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
         errors = self.comm.gather(error)
@@ -321,20 +339,67 @@ class TierRun:
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
 
-    def _restart_step(self, step: str, source: tuple[str, int] | None, it: int,
-                      lost: set[int], data: np.ndarray, state: np.ndarray | None) -> None:
-        """One read of a restart (into `data`) or its baseline."""
-        if source is None:
-            raise RunFailed(self._missing(it, lost), "missing")
-        tier, holder = source
-        if step == "baseline" and tier == "peer":
-            fetch(self.addresses[holder], self.proc, it, data, SOURCE)
-        elif step == "baseline" and state is not None:
-            np.copyto(data, state)
-        elif step == "read" and tier == "memory":
-            read_copy(self.dir / copy_name(self.proc, it), data)
-        elif step == "read" and not fetch(self.addresses[holder], self.proc, it, data):
-            raise RunFailed(self._missing(it, lost, holder), "missing")
+    def _round(self, step: str, r: Restart, error: str | None) -> None:
+        """One round of a restart, every process at once: the read into `r.data` or its
+        baseline, its clock readings kept in `r`. Its collective parts (an MPI exchange,
+        the group's storage read) are entered after an `error` too, nothing else."""
+        mpi = self.mpi is not None and self.spec.has("peer")
+        t = now()
+        got = self._mpi_fetch(r, plain=step == "baseline") if mpi else True  # collective
+        if step == "read" and r.scenario == "group":
+            def serve() -> tuple[int, int]:
+                if error:
+                    raise RunFailed(error, "restore")
+                return self._tier_read(r, got, t)
+
+            span, r.part = beside_storage(self.run, r.it, serve if r.source or error
+                                          else None)
+            r.rounds["read"].append(span or (r.part.start_ns, r.part.end_ns))
+            return
+        if error or (r.source is None and r.scenario == "group"):  # storage serves it
+            return
+        if r.source is None:
+            raise RunFailed(self._missing(r.it, r.lost), "missing")
+        if step == "read":
+            r.rounds["read"].append(self._tier_read(r, got, t))
+            return
+        tier, holder = r.source
+        if tier == "peer" and not mpi:
+            fetch(self.addresses[holder], self.proc, r.it, r.data, SOURCE)
+        elif tier == "memory":
+            t = now()  # after the MPI exchange, which it took no part in
+            if r.state is not None:
+                np.copyto(r.data, r.state)
+        r.rounds["baseline"].append((t, now()))
+
+    def _tier_read(self, r: Restart, got: bool, t: int) -> tuple[int, int]:
+        """`r.data` read from its tier's copy (peer under MPI: already fetched, since `t`,
+        `got` whether it came); the clock readings around it."""
+        assert r.source is not None
+        tier, holder = r.source
+        if tier == "memory":
+            t = now()
+            read_copy(self.dir / copy_name(self.proc, r.it), r.data)
+        elif self.mpi is not None:
+            if not got:
+                raise RunFailed(self._missing(r.it, set(), holder), "missing")
+        elif not fetch(self.addresses[holder], self.proc, r.it, r.data):
+            raise RunFailed(self._missing(r.it, set(), holder), "missing")
+        return t, now()
+
+    def _mpi_fetch(self, r: Restart, plain: bool) -> bool:
+        """Collective (MPI): every holder sends the replicas a restart fetches from it
+        (`plain`: as many bytes of its plain-transfer memory, the baseline) into the
+        fetching process's `r.data`; whether this process got its replica."""
+        assert self.mpi is not None and self.server is not None
+        held = r.it > self.o.iterations - HELD_COPIES
+        sources = [self.tp.serving_tier(q, r.lost) if held else None
+                   for q in range(len(self.sizes))]
+        serves = [(q, self.plain if plain else self.server.path(q, r.it), self.sizes[q])
+                  for q, src in enumerate(sources) if src == ("peer", self.proc)]
+        mine = sources[self.proc]
+        return self.mpi.fetch(serves, mine[1] if mine and mine[0] == "peer" else None,
+                              r.data)
 
     def _shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)
@@ -360,18 +425,3 @@ class TierRun:
             self.run.sink.write_all([r for recs in gathered for r in recs])
             if error is not None:
                 self.run.sink.write(error)
-
-
-def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts: list[str]
-                ) -> tuple[RunOptions, SpecError | None]:
-    """The options with the tiers placed on the run's processes (plan.tiers) and their
-    copies checked against the memory budget; or the one-line refusal."""
-    try:
-        tplan = plan_tiers(options.tiers, hosts, "slurm nodes" if slurm_node() else
-                           "launcher hosts")
-        if tplan is None:
-            return options, None
-        check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)
-    except SpecError as exc:
-        return options, exc
-    return replace(options, tier_plan=tplan), None

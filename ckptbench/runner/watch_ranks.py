@@ -24,6 +24,7 @@ from typing import Any
 from ckptbench.runner.stall import OVERSLEPT_S, stall_message
 
 READ_TIMEOUT_S = 5.0  # how long the parent waits for the last messages of ended ranks
+SELF_REPORT_S = 2.0  # how much longer than a running rank's own watch the parent waits
 
 
 def stopped(pid: int) -> bool:
@@ -65,7 +66,9 @@ class RankWatch:
             elif self._stopped_since[i] is None:
                 self._stopped_since[i] = now
             who = f"rank {self.ranks[i]}"
-            if what and now - self._since[i] >= self.timeout:
+            # a running rank's own watch reports first (its threads named): a moment's grace
+            grace = 0.0 if is_stopped else SELF_REPORT_S
+            if what and now - self._since[i] >= self.timeout + grace:
                 why = " (its process is stopped: SIGSTOP?)" if is_stopped else ""
                 return i, stall_message(who, self.timeout, what) + why
             since = self._stopped_since[i]
@@ -79,13 +82,18 @@ class RankWatch:
 class Inbox:
     """Records and errors from the ranks, read by a daemon thread into this process."""
 
-    def __init__(self, records: Any, errors: Any) -> None:
+    def __init__(self, records: Any, errors: Any, start: bool = True) -> None:
         self._records_q, self._errors_q = records, errors
         self._records: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._errors: list[Any] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._read, name="ckptbench-inbox", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start reading (after any fork: a forked child would inherit no thread)."""
         self._thread.start()
 
     def _read(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
@@ -157,6 +158,9 @@ class ForwardingBackend(Backend):
     def release(self) -> None:
         self.inner.release()
 
+    def cleaning_up(self, unresponsive: bool) -> None:
+        self.inner.cleaning_up(unresponsive)
+
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         return self.inner.left_behind(prefix, limit)
 
@@ -218,6 +222,10 @@ class ForwardingBackend(Backend):
     @property
     def endpoint_url(self) -> str | None:
         return self.inner.endpoint_url
+
+    @property
+    def local_dir(self) -> Path | None:
+        return self.inner.local_dir
 
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()

@@ -9,6 +9,8 @@ committed, before the restore starts), the first process to get there applies AC
 the checkpoint's files. ACTION is NAME[:ARG] from :data:`ACTIONS`; or ``hang:SUBSTRING``:
 a write to a key containing SUBSTRING, after its first block, never returns (a mount that
 stopped answering); ``stop:SUBSTRING``: that write stops its process instead (SIGSTOP);
+``gil-hang:SUBSTRING``: that write blocks in a C call that holds the GIL (no Python thread
+of the process runs, its own stall watch included);
 ``hang-read:SUBSTRING`` and ``stop-read:SUBSTRING``: the same for the restore's reads
 (the first process there writes RESULTS.blocked first, for the test to wait on);
 ``die-holding-locks``: the first process to evict the checkpoint takes every
@@ -23,6 +25,7 @@ runs `ckptbench restore` instead, with the same actions on its reads.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import multiprocessing.queues
@@ -129,7 +132,7 @@ ACTIONS: dict[str, Callable[[Path, str], None]] = {
     "truncate": _truncate,
     "die-holding-locks": _die_holding_locks,
 }
-IO_ACTIONS = ("hang", "stop", "hang-read", "stop-read")
+IO_ACTIONS = ("hang", "stop", "gil-hang", "hang-read", "stop-read")
 
 
 def _block(name: str, flag: Path) -> None:
@@ -139,6 +142,8 @@ def _block(name: str, flag: Path) -> None:
         os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     if name.startswith("stop"):
         os.kill(os.getpid(), signal.SIGSTOP)
+    if name.startswith("gil"):
+        ctypes.PyDLL(None).sleep(3600)  # libc's sleep(3), the GIL held throughout
     threading.Event().wait()
 
 
@@ -202,7 +207,7 @@ def install(action: str, once: Path, flag: Path) -> None:
 
         def open_write(self, key: str, size: int) -> Any:
             handle = self._inner.open_write(key, size)
-            if name in ("hang", "stop") and arg in key:
+            if name in ("hang", "stop", "gil-hang") and arg in key:
                 return _Hanging(handle, name, flag)
             return handle
 

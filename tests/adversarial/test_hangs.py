@@ -88,6 +88,26 @@ def test_a_stopped_rank_fails_the_save_within_the_stall_timeout(tmp_path: Path,
     assert not target.exists() and processes_mentioning(str(target)) == []
 
 
+@pytest.mark.parametrize("action", ["hang:__1_", "gil-hang:__1_"])
+def test_a_stalled_rank_is_reported_with_the_frame_it_was_waiting_in(tmp_path: Path,
+                                                                     action: str) -> None:
+    """Rank 1's write blocks inside the backend's call: in Python (its own watch sees it and
+    dumps its threads) or in a C call holding the GIL (no thread of it runs: the parent
+    sees it and asks for the dump, answered from C). Either way the one line names the
+    backend call it was in, and the error record holds every thread's stack."""
+    target, results = tmp_path / "t", tmp_path / "r.jsonl"
+    proc = _start(action, str(TINY), "--target", str(target), *STALL, "--results",
+                  str(results), cwd=tmp_path)
+    err = _ended(proc, "rank 1 blocked in a write")
+    line = _one_error(err, 1, proc, "rank 1 stalled", "its threads: ",
+                      "in _block (tests/adversarial/sabotage_run.py:")
+    error = _error_record(results)
+    assert error["kind"] == "stall" and error["message"] in line
+    assert 'sabotage_run.py", line' in error["threads"], error["threads"]
+    assert " in _block\n" in error["threads"] and " in write\n" in error["threads"]
+    assert not target.exists() and processes_mentioning(str(target)) == []
+
+
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny checkpoint saved and kept, for `ckptbench restore`."""

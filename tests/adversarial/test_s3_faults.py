@@ -9,6 +9,7 @@ timeouts, so the run ends in bounded time with one line saying what happened.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import MinioServer
+from harness import FaultProxy, MinioServer
 from harness.minio import uploads_in_flight
 
 from .runs import BANNER, env
@@ -27,9 +28,9 @@ from .runs import BANNER, env
 pytestmark = pytest.mark.s3
 
 STALL_S = 5
-# the stall, the launcher's grace for the other ranks (5 s), cleanup calls with short
-# timeouts against a server that never answers (about 26 s), start-up; before the fix
-# the run went on for 4+ minutes
+# the stall, the launcher's grace for the other ranks (5 s), the cleanup's budget against
+# a server that never answers (10 s, client.CLEANUP_BUDGET_S, plus the call in flight:
+# 5 s), start-up; room for a loaded machine (before the fix the run went on for 4+ minutes)
 BOUND_S = 75
 
 WORKLOAD = """
@@ -145,6 +146,33 @@ def test_cleanup_aborts_the_uploads_a_dead_rank_left(minio_server: MinioServer,
         client.create_multipart_upload(Bucket=bucket, Key=key)
     b.remove_tree("run-1")
     assert pending_uploads(minio_server, bucket) == ["left/run-10/checkpoint-1/__0_0.distcp"]
+
+
+def test_cleanup_after_a_stall_makes_no_call_once_its_budget_is_spent(
+        minio_server: MinioServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a stall the cleanup gets one short try per call and CLEANUP_BUDGET_S in all: a
+    frozen endpoint gets the calls begun within the budget (each waits its read timeout),
+    not one per leftover, and every upload whose abort was not confirmed is named in
+    `left` (what --clean-debris goes by). Before, each call waited out the quick client's
+    two tries, one after another: a minute and more of cleanup against a frozen server."""
+    from ckptbench.backends.base import UPLOAD_NOT_ABORTED
+    from ckptbench.backends.s3 import S3Backend, S3Options
+    from ckptbench.backends.s3.client import CLEANUP_BUDGET_S, SHORT_CLIENTS
+
+    for k, v in minio_server.env().items():
+        monkeypatch.setenv(k, v)
+    keys = [f"run-1/checkpoint-1/__{i}_0.distcp" for i in range(6)]
+    with FaultProxy(minio_server.endpoint, ["freeze"]) as proxy:  # from the first request on
+        b = S3Backend(f"s3://{minio_server.bucket}/budget", S3Options(endpoint_url=proxy.endpoint))
+        b.cleaning_up(unresponsive=True)  # what a run that stalled does before its cleanup
+        for key in keys:
+            b.delete([key])  # best effort: counted, never raised
+        assert b.pending_uploads(keys) is None  # cannot say: not tried
+        left = b.left_behind("run-1", 20)
+        calls = len(proxy.user_agents)
+    assert 1 <= calls <= math.ceil(CLEANUP_BUDGET_S / SHORT_CLIENTS["last"][1]), calls
+    for key in keys:
+        assert f"{key}{UPLOAD_NOT_ABORTED}" in left, (key, left)
 
 
 def test_frozen_server_ends_the_run_in_bounded_time(server: MinioServer, tmp_path: Path

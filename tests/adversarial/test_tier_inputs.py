@@ -50,6 +50,8 @@ def test_refused_before_the_run_starts(tmp_path: Path, args: list[str], needles:
     ("use = ['memory']\nstorage_every = 0", "[tiers] storage_every = 0 must be an integer >= 1"),
     ("use = ['peer']\nreplicas = 2", "[tiers] unknown key 'replicas'"),
     ("use = ['peer']\nplacement = 'star'", "[tiers] placement = 'star' is not allowed"),
+    ("use = ['peer']\npeer_transport = 'rdma'",
+     "[tiers] peer_transport = 'rdma' is not allowed; allowed: auto, tcp"),
 ])
 def test_bad_tiers_tables_name_their_key(tmp_path: Path, table: str, needle: str) -> None:
     workload = tmp_path / "w.toml"

@@ -93,11 +93,6 @@ class Recorder(Backend):
         super().__init__("rec://t")
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
 
-    @property
-    def endpoint_url(self) -> str | None:
-        self.calls.append(("endpoint_url", ()))
-        return "token:endpoint_url"
-
 
 def _record(name: str) -> Callable[..., Any]:
     def method(self: Recorder, *args: Any) -> Any:
@@ -106,11 +101,18 @@ def _record(name: str) -> Callable[..., Any]:
     return method
 
 
+def _recorded_property(name: str) -> property:
+    def get(self: Recorder) -> str:
+        self.calls.append((name, ()))
+        return f"token:{name}"
+    return property(get)
+
+
 CALLS = sorted(members(Backend) | {n for p in capability_protocols()
                                    for n in vars(p) if not n.startswith("_")})
+PROPERTIES = {n for n in CALLS if isinstance(getattr(Backend, n, None), property)}
 for _name in CALLS:
-    if _name != "endpoint_url":
-        setattr(Recorder, _name, _record(_name))
+    setattr(Recorder, _name, _recorded_property(_name) if _name in PROPERTIES else _record(_name))
 Recorder.__abstractmethods__ = frozenset()
 
 
@@ -132,9 +134,9 @@ def test_every_call_reaches_the_backend_inside(wrap: Callable[[Backend], Backend
         assert isinstance(outer, kind), kind
     for name in CALLS:
         inner.calls.clear()
-        if name == "endpoint_url":
-            assert outer.endpoint_url == "token:endpoint_url"
-            assert inner.calls == [("endpoint_url", ())]
+        if name in PROPERTIES:
+            assert getattr(outer, name) == f"token:{name}", name
+            assert inner.calls == [(name, ())], name
             continue
         signature = _signature_of(name)
         args = tuple(object() for _ in list(signature.parameters)[1:])  # self aside

@@ -114,3 +114,11 @@ def test_storage_option_secrets_are_not_recorded() -> None:
         "key": "AKIA-SHOULD-NOT-SHOW", "secret": "s3cr3t", "anon": True}))
     text = str(b.describe())
     assert "AKIA-SHOULD-NOT-SHOW" not in text and "s3cr3t" not in text and "anon" in text
+
+
+def test_local_dir_is_the_path_of_a_local_target_only(tmp_path: Path) -> None:
+    """torch DCP writes under local_dir with its own FileSystemWriter: an object store's
+    root ("bucket/prefix") is no local directory, so DCP goes through its URL instead."""
+    assert FsspecBackend(f"file://{tmp_path}/ck").local_dir == tmp_path / "ck"
+    assert FsspecBackend("s3://bucket/prefix").local_dir is None
+    assert FsspecBackend("memory://x/y").local_dir is None

@@ -364,3 +364,66 @@ def test_restore_gets_back_off_when_every_attempt_loses_its_connection(
         assert len(proxy.injected) == 2 * 3  # botocore's 2 attempts, in 1 + 2 rounds
     b0.remove_tree("ck")
     b0.release()
+
+
+def test_retries_after_lost_connections_wait_for_the_narrowed_window(
+        s3env: MinioServer) -> None:
+    """Parts whose connections were lost are retried by botocore inside the call: each retry
+    takes a place in the window the losses halved, so the endpoint that was overloaded gets
+    fewer parts at once, not all of them again (an 8-rank save on a loaded MinIO kept every
+    part in flight through its retries, and none arrived within the server's 30 s)."""
+    parts = lambda m, p: m == "PUT" and "partNumber=" in p  # noqa: E731
+    with FaultProxy(s3env.endpoint, ["reset"] * 8, parts, hold_s=2.5) as proxy:
+        b = s3(f"s3://{s3env.bucket}/narrow/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               concurrency=8)
+        b.prepare()
+        data = os.urandom(8 * 5 * MIB)
+        write_object(b, "ck/x", data, block=len(data))  # one block: 8 parts at once
+        assert len(proxy.injected) == 8 and b.stats()["retries_connection"] >= 8
+        # 8 losses halve the window to 1 place, and parts stored grow it again (by one
+        # place per window stored): without the wait, all 8 parts were sent again at once
+        assert proxy.peak <= 3, proxy.peak
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        b.remove_tree("ck")
+        b.release()
+
+
+def test_a_server_that_stops_reading_a_body_for_a_while_does_not_abort_the_part(
+        s3env: MinioServer) -> None:
+    """urllib3 bounds sending a request by botocore's connect timeout (urllib3 #857): a
+    server short of CPU that stops reading a part's body for longer than that (here 3 s,
+    against a connect timeout of 1 s) must not abort the part: the body has the read
+    timeout. Before, the part was cut and sent again from its first byte."""
+    parts = lambda m, p: m == "PUT" and "partNumber=" in p  # noqa: E731
+    with FaultProxy(s3env.endpoint, ["pause"], parts) as proxy:
+        b = s3(f"s3://{s3env.bucket}/pause/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               connect_timeout=1.0, part_size=32 * MIB, concurrency=1)
+        b.prepare()
+        b.stats()
+        data = os.urandom(40 * MIB)
+        write_object(b, "ck/x", data, block=len(data))
+        assert [i[0] for i in proxy.injected] == ["pause"]
+        assert b.stats()["retries"] == 0
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        b.remove_tree("ck")
+        b.release()
+
+
+def test_a_part_sent_slowly_but_steadily_is_not_aborted(s3env: MinioServer) -> None:
+    """A part assembled in a part buffer goes out 1 MiB per send, each with the send
+    timeout: a link slower than the part's size over that timeout (here 32 MiB at 4 MiB/s,
+    against timeouts of 5 s) is not a reason to abort it. Before, the part was one send
+    bounded as a whole, and was cut and sent again."""
+    parts = lambda m, p: m == "PUT" and "partNumber=" in p  # noqa: E731
+    with FaultProxy(s3env.endpoint, ["slow"], parts) as proxy:  # part 1
+        b = s3(f"s3://{s3env.bucket}/slow/{uuid.uuid4().hex[:8]}", proxy.endpoint,
+               connect_timeout=1.0, read_timeout=5.0, part_size=32 * MIB, concurrency=1)
+        b.prepare()
+        b.stats()
+        data = os.urandom(40 * MIB)
+        write_object(b, "ck/x", data)  # blocks of 1 MiB, copied into the part's buffer
+        assert [i[0] for i in proxy.injected] == ["slow"]
+        assert b.stats()["retries"] == 0
+        assert read_at(b, "ck/x", 0, len(data)) == data
+        b.remove_tree("ck")
+        b.release()

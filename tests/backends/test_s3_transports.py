@@ -108,6 +108,29 @@ def test_a_body_cut_mid_read_is_retried(s3env: MinioServer, transport: str) -> N
     b0.release()
 
 
+@pytest.mark.parametrize("transport", ["botocore", *TRANSPORTS])
+@pytest.mark.parametrize("fault", ["503", "reset"], ids=["throttle", "reset"])
+def test_a_restore_out_of_attempts_names_the_options(s3env: MinioServer, transport: str,
+                                                     fault: str) -> None:
+    """A restore whose GETs fail on every attempt (SlowDown, a reset connection: an
+    endpoint giving up under the load) ends with one line naming the options that size
+    the load, as botocore's does, whichever engine retried (issue 29)."""
+    b0 = s3(f"s3://{s3env.bucket}/give-up/{uuid.uuid4().hex[:8]}", s3env.endpoint)
+    b0.prepare()
+    data = os.urandom(3 * MIB)
+    write_object(b0, "ck/x", data)
+    with FaultProxy(s3env.endpoint, [fault] * 200,
+                    lambda m, p: m == "GET" and "/ck/" in p) as proxy:
+        b = s3(b0.target, proxy.endpoint, max_attempts=2, transport=transport)
+        with pytest.raises(BackendError) as err:
+            read_at(b, "ck/x", 0, len(data))
+    msg = str(err.value)
+    assert "\n" not in msg and s3env.secret_key not in msg, msg
+    assert "--s3-concurrency (now" in msg and "--s3-max-attempts (now 2)" in msg, msg
+    b0.remove_tree("ck")
+    b0.release()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_retries_exhausted_is_one_line_and_leaves_no_upload(s3env: MinioServer,
                                                             transport: str) -> None:

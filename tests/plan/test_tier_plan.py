@@ -123,3 +123,23 @@ def test_flags_override_the_table() -> None:
     assert spec.storage_every == 4
     with pytest.raises(SpecError, match="--peer-replicas needs tiers"):
         tiers_with_flags(TiersSpec(), {"peer_replicas": 2})
+
+
+def test_a_replication_group_and_the_newest_stored_checkpoint() -> None:
+    """A node's replication group is the node and its replicas' nodes: losing them all
+    leaves its shards in no tier, while the others still have a copy somewhere."""
+    tp = plan_tiers(TiersSpec(use=ALL, peer_replicas=1, ranks_per_node=1), ["h"] * 4)
+    assert tp is not None and tp.group(3) == [0, 3]
+    lost = set(tp.group(3))
+    assert [tp.serving_tier(p, lost) for p in range(4)] == [
+        ("peer", 1), ("memory", 1), ("memory", 2), None]
+    clique = plan_tiers(TiersSpec(use=ALL, peer_replicas=1, placement="clique",
+                                  ranks_per_node=1), ["h"] * 4)
+    assert clique is not None and clique.group(3) == [2, 3]
+    alone = plan_tiers(TiersSpec(use=("memory", "storage"), ranks_per_node=2), ["h"] * 4)
+    assert alone is not None and alone.group(1) == [1]
+    every = plan_tiers(TiersSpec(use=ALL, storage_every=3, ranks_per_node=1), ["h"] * 2)
+    assert every is not None
+    assert [every.last_stored(n) for n in (1, 2, 3, 5, 6)] == [0, 0, 3, 3, 6]
+    nostore = plan_tiers(TiersSpec(use=("memory", "peer"), ranks_per_node=1), ["h"] * 2)
+    assert nostore is not None and nostore.last_stored(4) == 0

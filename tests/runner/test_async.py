@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from ckptbench.runner.options import LoopOptions, RunOptions
 from ckptbench.runner.staging import cuda_available
 from ckptbench.spec import load_workload
 from ckptbench.testing.faults import FullDiskBackend, SlowBackend
-from harness import MinioServer
+from harness import FaultProxy, MinioServer
 
 # Short steps keep the tests fast; 2 steps between checkpoints.
 LOOP = ("--mode", "async", "--step-seconds", "0.02", "--steps-per-checkpoint", "2",
@@ -222,31 +222,41 @@ def test_a_real_full_disk_fails_the_second_checkpoint_cleanly(tmp_path):
 def test_stopping_minio_fails_the_checkpoint_in_flight_and_keeps_the_durable_one(
         minio_server, tmp_path):
     server = MinioServer(minio_server.binary, data_dir=tmp_path / "minio-data").start()
+    bucket = server.make_bucket()
+    held: list[list[str]] = []  # what MinIO held when it was killed
+    killed = threading.Event()
+
+    def checkpoint_2(method: str, path: str) -> bool:
+        """The first request of checkpoint 2 (the run begins it only once checkpoint 1 is
+        committed: one persist in flight) kills MinIO and closes the endpoint's port: the
+        state waited for, never a timer, whatever the load. This request is reset
+        unanswered, and every later one is refused."""
+        if killed.is_set() or "checkpoint-2" not in path:
+            return False
+        held.append(server.list_keys(bucket, "stop/"))
+        server.kill()
+        proxy.server.shutdown()
+        proxy.server.server_close()
+        killed.set()
+        return True
+
     proc = None
+    proxy = FaultProxy(server.endpoint, ["reset"], checkpoint_2).start()
     try:
-        bucket = server.make_bucket()
         results = tmp_path / "r.jsonl"
-        # Checkpoints 400 steps apart: checkpoint 2 is due at least 400 x 0.05 s = 20 s of
-        # steps after checkpoint 1 (however loaded the machine, a step never takes less), so
-        # the state waited for (checkpoint 1 committed) always comes while the run still has
-        # checkpoints 2 and 3 ahead of it: MinIO is killed then, never on a timer.
         proc = subprocess.Popen(
             [sys.executable, "-m", "ckptbench", "run", str(TINY), "--target",
-             f"s3://{bucket}/stop", "--endpoint-url", server.endpoint, "--iterations", "3",
+             f"s3://{bucket}/stop", "--endpoint-url", proxy.endpoint, "--iterations", "3",
              "--keep", "--results", str(results), "--mode", "async", "--step-seconds", "0.05",
-             "--steps-per-checkpoint", "400"],
+             "--steps-per-checkpoint", "10"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
             env=server.env())
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            keys = server.list_keys(bucket, "stop/")
-            if any(k.endswith("checkpoint-1/.metadata") for k in keys):
-                assert not any("checkpoint-2/" in k for k in keys), keys
-                server.kill()
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("checkpoint 1 was never committed")
+        while not killed.wait(0.05):
+            if proc.poll() is not None:
+                pytest.fail(f"checkpoint 2 was never begun: {proc.communicate()[1][-3000:]}")
+        (keys,) = held
+        assert any(k.endswith("checkpoint-1/.metadata") for k in keys), keys
+        assert not any("checkpoint-2/" in k for k in keys), keys
         out, err = proc.communicate(timeout=600)
         # The error, and (MinIO being down) a note that the run's clean-up could not reach it
         lines = [x for x in _error_lines(err) if not x.startswith("ckptbench: note: cleaning up")]
@@ -273,6 +283,7 @@ def test_stopping_minio_fails_the_checkpoint_in_flight_and_keeps_the_durable_one
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
+        proxy.stop()
         server.stop()
 
 

@@ -66,13 +66,16 @@ def test_every_tier_written_and_every_restart_verified(tmp_path: Path, memory_di
     assert served == {("process", 0): ("memory", 0), ("process", 1): ("memory", 0),
                       ("process", 2): ("memory", 1), ("process", 3): ("memory", 1),
                       ("node", 0): ("memory", 0), ("node", 1): ("memory", 0),
-                      ("node", 2): ("peer", 0), ("node", 3): ("peer", 0)}
+                      ("node", 2): ("peer", 0), ("node", 3): ("peer", 0),
+                      # 2 nodes, 1 replica: the last node's group is every node
+                      **{("group", p): ("storage", None) for p in range(4)}}
     assert all(r["verified"] and r["iteration"] == 4 for r in restores)
     summary = {(r["type"], r.get("tier") or r.get("scenario")): r for r in recs
                if r["type"] in ("tier_summary", "tier_restore_summary")}
     assert set(summary) == {("tier_summary", "memory"), ("tier_summary", "peer"),
                             ("tier_restore_summary", "process"),
                             ("tier_restore_summary", "node"),
+                            ("tier_restore_summary", "group"),
                             ("tier_restore_summary", "storage")}
     assert summary["tier_restore_summary", "node"]["served"] == {"memory": 2, "peer": 2}
     assert not list(memory_dir.iterdir())  # every copy removed by name, directories too
@@ -152,13 +155,61 @@ def test_a_shard_no_tier_holds_is_one_line_naming_it(tmp_path: Path, memory_dir:
 
 @needs_mpi
 def test_under_mpirun_two_nodes_of_two_ranks(tmp_path: Path, memory_dir: Path) -> None:
+    """Under mpirun the replicas go by MPI point-to-point (one host: its shared memory),
+    and the restarts fetch them back by MPI."""
     recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
                   "2", "--iterations", "2", "--storage-every", "2", mpi=4)
     assert recs[0]["launcher"] == "mpi"
+    peer = [r for r in recs if r["type"] == "tier" and r["tier"] == "peer"]
+    assert {r["transport"] for r in peer} == {"mpi-shm"} and len(peer) == 8
+    assert {r["process"]: r["holders"] for r in peer} == {0: [2], 1: [3], 2: [0], 3: [1]}
+    (summary,) = [r for r in recs if r["type"] == "tier_summary" and r["tier"] == "peer"]
+    assert summary["transport"] == "mpi-shm"
     restores = [r for r in recs if r["type"] == "tier_restore"]
     assert {(r["scenario"], r["tier"]) for r in restores} == {
-        ("process", "memory"), ("node", "memory"), ("node", "peer")}
+        ("process", "memory"), ("node", "memory"), ("node", "peer"), ("group", "storage")}
+    assert {r["process"]: r["from_process"] for r in restores
+            if r["scenario"] == "node" and r["tier"] == "peer"} == {2: 0, 3: 1}
     assert all(r["verified"] for r in restores)
+    assert not list(memory_dir.iterdir())
+
+
+@needs_mpi
+def test_under_mpirun_peer_transport_tcp_keeps_the_sockets(tmp_path: Path,
+                                                          memory_dir: Path) -> None:
+    """--peer-transport tcp under mpirun: the replicas go over TCP, as without MPI (the
+    two transports compared under one launcher)."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer", "--ranks-per-node", "2",
+                  "--iterations", "1", "--peer-transport", "tcp", mpi=4)
+    assert {r["transport"] for r in recs if r["type"] == "tier"
+            and r["tier"] == "peer"} == {"tcp-loopback"}
+    assert all(r["verified"] for r in recs if r["type"] == "tier_restore")
+    assert not list(memory_dir.iterdir())
+
+
+@needs_mpi
+def test_under_mpirun_a_group_lost_mixes_memory_peer_and_storage(tmp_path: Path,
+                                                                 memory_dir: Path) -> None:
+    """4 nodes of 1 rank under mpirun: in the group restart, the replica fetched by MPI,
+    the memory copies and the storage read by the DCP plan serve the same checkpoint."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
+                  "1", "--iterations", "2", "--storage-every", "2", mpi=4)
+    group = {r["process"]: (r["tier"], r["from_process"]) for r in recs
+             if r["type"] == "tier_restore" and r["scenario"] == "group"}
+    assert group == {0: ("peer", 1), 1: ("memory", 1), 2: ("memory", 2), 3: ("storage", None)}
+    assert all(r["verified"] for r in recs if r["type"] == "tier_restore")
+    assert not list(memory_dir.iterdir())
+
+
+@needs_mpi
+def test_under_mpirun_a_shard_no_tier_holds_is_one_line_not_a_hang(tmp_path: Path,
+                                                                   memory_dir: Path) -> None:
+    proc, _ = mpirun(4, str(TINY), "--target", str(tmp_path / "t"), "--results",
+                     str(tmp_path / "r.jsonl"), "--memory-dir", str(memory_dir), "--tiers",
+                     "peer", "--ranks-per-node", "2", "--iterations", "1")
+    assert proc.returncode == 1
+    assert ("restart (node): checkpoint 1: the shard of process 0 (plan ranks 0): no tier "
+            "holds it after losing node(s) [1]") in proc.stderr
     assert not list(memory_dir.iterdir())
 
 
@@ -268,3 +319,101 @@ def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
     assert plain.returncode == 0, plain.stderr
     assert "recovery tiers: restarts" in plain.stdout
     assert "multi-level cadence" not in plain.stdout
+
+
+def test_a_replication_group_lost_restores_the_unheld_shards_from_storage(
+        tmp_path: Path, memory_dir: Path) -> None:
+    """Scenario (c): 4 nodes of 1 process, ring of 1 replica. The last node's group (node 3
+    and node 0, which holds its replica) is lost: process 3's shard is in no tier and comes
+    from storage by the DCP load plan; process 0's own copy went with node 0, its replica
+    on node 1 serves it; processes 1 and 2 read their memory copies. The newest stored
+    checkpoint (2 of 3: the one before the last) is the one restored, every byte checked,
+    and it is removed afterwards."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
+                  "1", "--iterations", "3", "--storage-every", "2")
+    group = {r["process"]: r for r in recs if r["type"] == "tier_restore"
+             and r["scenario"] == "group"}
+    assert {p: (r["tier"], r["from_process"]) for p, r in group.items()} == {
+        0: ("peer", 1), 1: ("memory", 1), 2: ("memory", 2), 3: ("storage", None)}
+    assert all(r["iteration"] == 2 and r["verified"] and r["lost_nodes"] == [0, 3]
+               for r in group.values())
+    assert group[3]["reads"] == "dcp plan"
+    shard = {r["process"]: r["bytes"] for r in recs
+             if r["type"] == "tier" and r["tier"] == "memory"}
+    assert group[3]["bytes"] >= shard[3] > 0
+    (summary,) = [r for r in recs if r["type"] == "tier_restore_summary"
+                  and r["scenario"] == "group"]
+    assert summary["served_by"] == {"memory": [1, 2], "peer": [0], "storage": [3]}
+    assert summary["verified"]
+    assert not [p for p in (tmp_path / "t").rglob("*") if p.is_file()]  # the kept one too
+    assert not list(memory_dir.iterdir())
+    report = subprocess.run([sys.executable, "-m", "ckptbench", "report",
+                             str(tmp_path / "r.jsonl")], capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert report.returncode == 0, report.stderr
+    assert "storage p3" in " ".join(report.stdout.split())
+
+
+def test_a_group_lost_with_storage_older_than_the_tiers_restores_all_from_storage(
+        tmp_path: Path, memory_dir: Path) -> None:
+    """The newest stored checkpoint (3 of 5) is older than what the tiers still hold (4
+    and 5): the group restart reads every shard from storage, none from a tier."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,storage", "--ranks-per-node", "2",
+                  "--iterations", "5", "--storage-every", "3")
+    group = [r for r in recs if r["type"] == "tier_restore" and r["scenario"] == "group"]
+    assert {(r["process"], r["tier"], r["iteration"]) for r in group} == {
+        (p, "storage", 3) for p in range(4)}
+    assert all(r["verified"] and r["bytes"] > 0 for r in group)
+    assert not list(memory_dir.iterdir())
+
+
+@pytest.mark.parametrize("how", ["group SIGTERM", "rank SIGKILL"])
+def test_a_run_stopped_mid_checkpoint_leaves_no_copy_in_memory(tmp_path: Path,
+                                                              memory_dir: Path, how: str) -> None:
+    """A copy in tmpfs is host memory: once the run ends, however it ends (a signal to the
+    whole process group, as Slurm and systemd send; a rank killed outright), none of its
+    copies is left, and what else is in the memory directory stays."""
+    foreign = memory_dir / "not-ckptbench.bin"
+    foreign.write_bytes(b"x")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptbench", "run", str(TINY), "--target", str(tmp_path / "t"),
+         "--results", str(tmp_path / "r.jsonl"), "--memory-dir", str(memory_dir),
+         "--tiers", "memory,peer,storage", "--ranks-per-node", "2", "--iterations", "200"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(memory_dir.glob("ckptbench-*/node*/p*-ckpt*.bin")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.01)
+        if how == "group SIGTERM":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:  # one rank, the parent's first child
+            rank = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+            os.kill(rank, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, err[-2000:]
+    assert sorted(p.name for p in memory_dir.iterdir()) == [foreign.name], err[-2000:]
+
+
+def test_removing_a_runs_copies_takes_its_names_only_and_follows_no_link(tmp_path: Path
+                                                                        ) -> None:
+    from ckptbench.runner.tier_store import remove_run_copies, run_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "p0-ckpt1.bin").write_bytes(b"theirs")
+    node0 = run_dir(str(tmp_path), "run-1") / "node0"
+    node0.mkdir(parents=True)
+    for name in ("p0-ckpt1.bin", "replica-p3-ckpt2.bin.part", "notes.txt"):
+        (node0 / name).write_bytes(b"x")
+    (node0 / "p1-ckpt1.bin").symlink_to(outside / "p0-ckpt1.bin")
+    (node0.parent / "node1").symlink_to(outside)
+    remove_run_copies(str(tmp_path), "run-1")
+    assert sorted(p.name for p in node0.iterdir()) == ["notes.txt"]
+    assert (outside / "p0-ckpt1.bin").read_bytes() == b"theirs"
+    assert (node0.parent / "node1").is_symlink()
+    remove_run_copies(str(tmp_path), "run-2")  # nothing there: nothing done

@@ -11,7 +11,6 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ckptbench.backends.base import (
@@ -26,7 +25,7 @@ from ckptbench.backends.base import (
 )
 from ckptbench.backends.options import IOHints
 from ckptbench.backends.s3.boto_readahead import boto_readahead
-from ckptbench.backends.s3.client import ProcessState, S3Clients
+from ckptbench.backends.s3.client import CLEANUP_BUDGET_S, ProcessState, S3Clients
 from ckptbench.backends.s3.errors import (
     is_boto_error,
     is_connection_error,
@@ -41,10 +40,9 @@ from ckptbench.backends.s3.transport import (
     transfer_details,
     transport_for,
 )
+from ckptbench.backends.s3.uploads import uploads_of, uploads_under
 from ckptbench.backends.s3.writer import S3Writer
 from ckptbench.errors import BackendError
-
-UPLOAD_PAGES = 10  # of 1,000 unfinished uploads each, listed when cleaning up
 
 
 class S3Backend(Backend):
@@ -81,8 +79,17 @@ class S3Backend(Backend):
         return self.clients.proc()
 
     def _client(self, kind: str = "main") -> Any:
-        """This process's client: 'main' or 'quick' (see S3Clients)."""
+        """This process's client: 'main' or 'quick' (see S3Clients); the cleanup's once
+        the run ended here (cleaning_up)."""
+        if kind == "main" and self._proc().cleaning:
+            return self._cleanup_client()
         return self.clients.client(kind)
+
+    def cleaning_up(self, unresponsive: bool) -> None:
+        proc = self._proc()
+        proc.cleaning = True
+        if unresponsive:
+            proc.stopped_answering()
 
     # the session its handles hold (s3.session.S3Session): these, and its public fields
     object_key = _key
@@ -94,10 +101,13 @@ class S3Backend(Backend):
         """One line for the usual ways S3 says no (never a key, never a traceback)."""
         resolved = self.clients.resolved
         endpoint = public_endpoint(resolved.endpoint if resolved else self.options.endpoint_url)
-        limits = (f"a lower --s3-concurrency (now {self.concurrency}) or a larger "
-                  f"--s3-max-attempts (now {self.max_attempts})")
         return translate(exc, f"{self.target}: {action}", endpoint or "the default S3 endpoint",
-                         self.bucket, action, self.options.read_timeout, limits)
+                         self.bucket, action, self.options.read_timeout, self.limits())
+
+    def limits(self) -> str:
+        """The options that size the load, named where the endpoint gave up under it."""
+        return (f"a lower --s3-concurrency (now {self.concurrency}) or a larger "
+                f"--s3-max-attempts (now {self.max_attempts})")
 
     @contextlib.contextmanager
     def calls(self, action: str) -> Any:
@@ -110,8 +120,10 @@ class S3Backend(Backend):
             if not (is_boto_error(exc) or is_connection_error(exc)):
                 raise
             if is_connection_error(exc):
-                self._proc().dead = True
+                self._proc().stopped_answering()
             raise self.error(exc, action) from None
+        if self._proc().dead:
+            self._proc().answered()
 
     # --- the target ---
     @property
@@ -161,9 +173,9 @@ class S3Backend(Backend):
         if not self.created_marker:
             return
         base = f"{self.prefix}/" if self.prefix else ""
-        client = self._cleanup_client()
         try:
             with self.calls("release the target"):
+                client = self._cleanup_client()
                 listing = client.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=3)
                 if any(o["Key"] != self.marker_key for o in listing.get("Contents", [])):
                     return
@@ -173,9 +185,14 @@ class S3Backend(Backend):
             self._proc().count("cleanup_errors")
 
     def _cleanup_client(self) -> Any:
-        """Cleanup (deletes, aborts) is bounded: short timeouts, and one try once the
-        endpoint has stopped answering, so a frozen server cannot hold a run's exit."""
-        return self._client("last" if self._proc().dead else "quick")
+        """Cleanup (deletes, aborts) is bounded: short timeouts, one try once the endpoint
+        has stopped answering and no call after CLEANUP_BUDGET_S, so a frozen or dead
+        server cannot hold a run's exit."""
+        kind = self._proc().cleanup_kind()
+        if kind is None:
+            raise BackendError(f"{self.target}: not tried: the endpoint has not answered the "
+                               f"cleanup for {CLEANUP_BUDGET_S:g} s (its budget)")
+        return self.clients.client(kind)
 
     cleanup_client = _cleanup_client
 
@@ -262,9 +279,9 @@ class S3Backend(Backend):
         if not prefix.strip("/") or exact == self.marker_key:
             raise BackendError(f"{self.target}: refusing to remove the whole target")
         base = exact + "/"
-        client = self._cleanup_client()
         try:
             with self.calls(f"remove {prefix}"):
+                client = self._cleanup_client()
                 pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
                                                                           Prefix=exact)
                 batch: list[dict[str, str]] = []
@@ -278,30 +295,11 @@ class S3Backend(Backend):
                             batch = []
                 if batch:
                     self._delete(client, batch)
-                for key, upload_id in self._uploads_under(client, base):
+                for key, upload_id in uploads_under(self, client, base):
                     client.abort_multipart_upload(Bucket=self.bucket, Key=key,
                                                   UploadId=upload_id)
         except BackendError:
             self._proc().count("cleanup_errors")
-
-    def _uploads_under(self, client: Any, base: str) -> list[tuple[str, str]]:
-        """(key, upload id) of the unfinished multipart uploads under `base`. MinIO takes
-        a prefix for this listing as an exact object name, so when the prefixed listing
-        is empty the bucket's own is filtered instead (at most UPLOAD_PAGES pages)."""
-        found = self._list_uploads(client, base)
-        if not found:
-            found = [u for u in self._list_uploads(client, "") if u[0].startswith(base)]
-        return found
-
-    def _list_uploads(self, client: Any, prefix: str) -> list[tuple[str, str]]:
-        args = {"Bucket": self.bucket, **({"Prefix": prefix} if prefix else {})}
-        pages = client.get_paginator("list_multipart_uploads").paginate(**args)
-        out: list[tuple[str, str]] = []
-        for n, page in enumerate(pages):
-            out += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
-            if n + 1 >= UPLOAD_PAGES:
-                break
-        return out
 
     # --- what a run made, by name ---
     def create_dir(self, key: str) -> None:
@@ -314,38 +312,19 @@ class S3Backend(Backend):
 
     def delete(self, keys: Sequence[str]) -> None:
         """DeleteObjects by name, 1,000 keys a request; failures counted (cleanup_errors)."""
-        client = self._cleanup_client()
         names = [self._key(k) for k in keys]
         try:
             with self.calls("remove the run's objects"):
                 for i in range(0, len(names), 1000):
-                    self._delete(client, [{"Key": k} for k in names[i:i + 1000]])
+                    self._delete(self._cleanup_client(), [{"Key": k} for k in names[i:i + 1000]])
         except BackendError:
             self._proc().count("cleanup_errors")
-
-    def _uploads_of(self, keys: Sequence[str]) -> list[tuple[str, str]]:
-        """(key, upload id) of every unfinished upload of `keys`. Listed key by key: MinIO
-        lists the uploads of one exact key for a prefix, so a prefix listing would miss
-        them; a few requests in parallel."""
-        client = self._cleanup_client()
-
-        def one(key: str) -> list[tuple[str, str]]:
-            full = self._key(key)
-            with self.calls(f"list the uploads of {key}"):
-                resp = client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
-            return [(u["Key"], u["UploadId"]) for u in resp.get("Uploads", [])
-                    if u["Key"] == full]
-
-        if not keys:
-            return []
-        with ThreadPoolExecutor(max(1, min(self.concurrency, 16, len(keys)))) as pool:
-            return [u for found in pool.map(one, keys) for u in found]
 
     def pending_uploads(self, keys: Sequence[str]) -> int | None:
         """How many uploads `keys` have. A store that cannot say confirms no abort: each
         key is named in left_behind, as after a failed abort (what --clean-debris checks)."""
         try:
-            found = self._uploads_of(keys)
+            found = uploads_of(self, keys)
         except BackendError:
             self._proc().count("cleanup_errors")
             self.unaborted.update(keys)
@@ -357,13 +336,12 @@ class S3Backend(Backend):
     def abort_uploads(self, keys: Sequence[str]) -> int:
         """Abort the unfinished uploads of `keys`; those it could not list or abort are
         remembered for the cleanup record (left_behind), never silently dropped."""
-        client = self._cleanup_client()
         aborted = 0
         self.unaborted.update(keys)
         try:
-            for key, upload_id in self._uploads_of(keys):
+            for key, upload_id in uploads_of(self, keys):
                 with self.calls(f"abort the upload of {key}"):
-                    client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+                    self._cleanup_client().abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
                 aborted += 1
         except BackendError:
             self._proc().count("cleanup_errors")

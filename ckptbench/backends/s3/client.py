@@ -12,6 +12,7 @@ import collections
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +55,8 @@ class ProcessState:
         self.counters: collections.Counter[str] = collections.Counter()
         self.buffers: list[bytearray] = []
         self.dead = False  # the endpoint stopped answering: cleanup tries once, quickly
+        self.budget_from: float | None = None  # the first cleanup call since (monotonic)
+        self.cleaning = False  # the run ended here: every request is cleanup's (bounded)
         self.window = Window()  # parts in flight, narrowed while the endpoint pushes back
 
     def count(self, key: str, n: int = 1) -> None:
@@ -64,6 +67,28 @@ class ProcessState:
         with self.lock:
             for key in keys:
                 self.counters[key] += 1
+
+    def stopped_answering(self) -> None:
+        """The endpoint did not answer (refused, timed out, a stall): the cleanup's calls
+        from now on get one short try each, within CLEANUP_BUDGET_S in all."""
+        self.dead = True
+
+    def answered(self) -> None:
+        """The endpoint answered: the cleanup is patient again."""
+        self.dead, self.budget_from = False, None
+
+    def cleanup_kind(self) -> str | None:
+        """The client kind for a cleanup call: 'quick'; 'last' once the endpoint stopped
+        answering; None (no call) once the cleanup has spent CLEANUP_BUDGET_S on it since
+        (counted from its first call then, not from the failure: a lease renewal that
+        failed long before the end of the run spends nothing)."""
+        if not self.dead:
+            return "quick"
+        with self.lock:
+            now = time.monotonic()
+            if self.budget_from is None:
+                self.budget_from = now
+            return "last" if now - self.budget_from < CLEANUP_BUDGET_S else None
 
     def take_stats(self) -> dict[str, int]:
         """The counters since the last call, then reset."""
@@ -91,6 +116,11 @@ SHORT_CLIENTS = {
     "quick": (2.0, 10.0, 2),  # probing the target; every cleanup call (delete, abort)
     "last": (2.0, 5.0, 1),  # cleanup once the endpoint stopped answering: one quick try
 }
+# Once the endpoint has stopped answering, a process's cleanup makes calls for this long
+# from its first (each one try, 'last'), then none: what it could not abort or delete is named in the
+# cleanup record's `left` and the run's intent stays for --clean-debris. A call answered
+# in that time ends it (the endpoint is back: the cleanup goes on as usual).
+CLEANUP_BUDGET_S = 10.0
 
 
 class S3Clients:
@@ -155,6 +185,9 @@ class S3Clients:
         o = self.options
         connect, read, attempts = SHORT_CLIENTS.get(
             kind, (float(o.connect_timeout), float(o.read_timeout), o.max_attempts))
+        connect, read = min(connect, float(o.connect_timeout)), min(read, float(o.read_timeout))
+        if kind == "main":
+            connect = send_timeout(connect, read)
         s3cfg: dict[str, Any] = {"addressing_style": r.addressing_style}
         if o.payload_signing != "auto":
             s3cfg["payload_signing_enabled"] = o.payload_signing == "on"
@@ -169,8 +202,8 @@ class S3Clients:
             # saved fell from 0.69 to 0.65 s here (docs/s3.md): CPU a small server gets back.
             user_agent=user_agent(),
             parameter_validation=False,
-            connect_timeout=min(connect, float(o.connect_timeout)),
-            read_timeout=min(read, float(o.read_timeout)),
+            connect_timeout=connect,
+            read_timeout=read,
             # total_max_attempts counts the first try; botocore's max_attempts counts retries.
             retries={"mode": "standard", "total_max_attempts": min(attempts, o.max_attempts)},
             request_checksum_calculation=o.checksum,
@@ -186,8 +219,22 @@ class S3Clients:
         def created(request: Any, **_: Any) -> None:
             if count_attempt(proc.count_each, request) in ("connection", "throttle"):
                 proc.window.congested()
+                proc.window.rejoin()  # this retry waits for a place in the narrowed window
         events.register("request-created.s3", created)
         return client
+
+
+def send_timeout(connect: float, read: float) -> float:
+    """botocore's connect timeout for the client that moves the data. urllib3 applies it to
+    the TCP connect *and to sending the request* (urllib3 issue #857), and Python bounds a
+    sendall() as a whole: a part's body sent as one bytearray had 5 s to reach the server.
+    On a loaded 2-core host 32 parts of 64 MiB shared 30-80 MB/s, so nearly every part was
+    aborted ("Connection aborted: timed out", which botocore calls ConnectionClosedError)
+    and sent again from its first byte: 138-307 retries per 8-rank save, and saves that
+    stalled (benchmarks/results/2026-12-s3-under-load.md). So the body gets the read
+    timeout, as the answer does, per 1 MiB send (writer.request_body); the target's probe
+    and the cleanup calls (no large bodies) keep their short connect."""
+    return max(connect, read)
 
 
 PY_SIGV4 = "ckptbench-s3v4"  # botocore's own S3 SigV4 signer, under a name of ours

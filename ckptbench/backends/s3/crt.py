@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from awscrt import auth, http, io, s3
 
 from ckptbench.backends.base import ReadHandle, WriteHandle
+from ckptbench.backends.s3.errors import native_allowed
 from ckptbench.backends.s3.readahead import Chunk, ReadAhead
 from ckptbench.backends.s3.sizing import PART_RANGE
 from ckptbench.backends.s3.transport import Address, credentials
@@ -88,11 +89,11 @@ class CrtTransport:
              body: bytes | None) -> BackendError:
         """One line: the S3 error code and HTTP status, or the CRT's error name."""
         code = _CODE.search(body or b"")
-        what = code.group(1).decode(errors="replace") if code else (
-            getattr(error, "name", None) or type(error).__name__)
+        s3_code = code.group(1).decode(errors="replace") if code else None
+        what = s3_code or getattr(error, "name", None) or type(error).__name__
         status_text = f" (HTTP {status})" if status else ""
-        return BackendError(f"{self.b.target}: {action}: {what}{status_text}; allowed: a "
-                            "reachable endpoint, the standard credential chain, an existing bucket")
+        return BackendError(f"{self.b.target}: {action}: {what}{status_text}; allowed: "
+                            + native_allowed(s3_code, status, self.b.limits()))
 
     def _buffer(self, n: int) -> bytearray:
         """A read-ahead buffer: reused (a fresh one costs a memset and page faults)."""
@@ -230,8 +231,9 @@ class CrtWriter(WriteHandle):
         self.received += len(view)
         if len(view):
             self.feed.push(view)
-        if self.done.done() and self.done.exception() is not None:
-            raise self.done.exception()  # type: ignore[misc]
+        failure = self.done.exception() if self.done.done() else None
+        if failure is not None:
+            raise failure
 
     def sync(self) -> None:
         self.feed.end()

@@ -21,6 +21,18 @@ THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestThrottled",
 CHAIN = ("credentials from boto3's standard chain (AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, "
          "AWS_PROFILE, ~/.aws/credentials, an instance or container role)")
 ENDPOINT_HINT = "a reachable endpoint from --endpoint-url or AWS_ENDPOINT_URL_S3"
+NATIVE_HINT = "a reachable endpoint, the standard credential chain, an existing bucket"
+NOT_LOAD = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+            "ExpiredToken", "NoSuchBucket", "NoSuchKey", "InvalidBucketName", "NoSuchUpload"}
+
+
+def native_allowed(code: str | None, status: int | None, limits: str) -> str:
+    """The `allowed:` of a crt or obstore failure (after the engine's own retries): the
+    options that size the load first, unless the endpoint said no for another reason
+    (credentials, a missing bucket or key: a 4xx other than 429)."""
+    if code in NOT_LOAD or (status is not None and 400 <= status < 500 and status != 429):
+        return NATIVE_HINT
+    return f"{limits} (an endpoint overloaded), or {NATIVE_HINT}"
 
 
 def public_endpoint(url: str | None) -> str | None:

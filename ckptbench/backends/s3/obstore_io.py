@@ -29,6 +29,7 @@ import obstore
 from obstore.store import S3Store
 
 from ckptbench.backends.base import ReadHandle, WriteHandle
+from ckptbench.backends.s3.errors import native_allowed
 from ckptbench.backends.s3.readahead import Chunk, ReadAhead
 from ckptbench.backends.s3.sizing import PART_RANGE
 from ckptbench.backends.s3.transport import credentials
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 
 _CODE = re.compile(r"<Code>([^<]{1,64})</Code>")
+_STATUS = re.compile(r"status(?: code)?:? (\d{3})\b")  # in obstore's message, if at all
 _state = {"used": False, "forked_after_use": False}
 # obstore's runtime (tokio) does not survive a fork: a child of a process that used it
 # hangs on its first request. The runner forks before any data moves; say so otherwise.
@@ -93,9 +95,11 @@ class ObstoreTransport:
         code = _CODE.search(text)
         first = text.strip().splitlines()[0][:160] if text.strip() else ""
         what = f"{code.group(1)} ({first})" if code else first
+        status = _STATUS.search(text)
         return BackendError(f"{self.b.target}: {action}: {type(exc).__name__}: {what}; allowed: "
-                            "a reachable endpoint, the standard credential chain, an existing "
-                            "bucket")
+                            + native_allowed(code.group(1) if code else None,
+                                             int(status.group(1)) if status else None,
+                                             self.b.limits()))
 
     def open_write(self, key: str, size: int) -> WriteHandle:
         return ObstoreWriter(self, key, size)

@@ -74,7 +74,7 @@ class S3Reader(ReadHandle):
                                        b.max_attempts)
             except _BodyCut as cut:
                 if attempt >= b.max_attempts:
-                    b.process().dead = True
+                    b.process().stopped_answering()
                     raise b.error(cut.exc, f"read {self.name}") from None
                 b.process().count("retries")
                 b.process().count("retries_connection")

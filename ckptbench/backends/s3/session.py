@@ -44,6 +44,10 @@ class S3Session(Protocol):
         """The client for aborts and deletes: bounded, even when the endpoint is gone."""
         ...
 
+    def limits(self) -> str:
+        """The options that size the load (--s3-concurrency, --s3-max-attempts, now)."""
+        ...
+
     def calls(self, action: str) -> AbstractContextManager[None]:
         """botocore's exceptions inside, as one-line BackendErrors."""
         ...

@@ -93,7 +93,7 @@ def transport_for(backend: S3Session) -> Transport:
     name = backend.options.transport
     proc = backend.clients.proc()
     slot = f"transport:{name}"
-    found = proc.clients.get(slot)
+    found: Transport | None = proc.clients.get(slot)
     if found is None:
         module = _module(name, backend.target)
         backend.clients.resolve()  # takes proc.lock itself: before, not under it
@@ -101,7 +101,7 @@ def transport_for(backend: S3Session) -> Transport:
             found = proc.clients.get(slot)
             if found is None:
                 found = proc.clients[slot] = module.make(backend)
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _module(name: str, target: str) -> Any:

@@ -7,6 +7,15 @@ retried connection loss or throttle and grows back by about one part per window 
 parts stored (additive increase, multiplicative decrease, as TCP does), up to what the
 options allow. Only this process's threads wait on it: a plain threading lock. Saves
 (each part) and restores (each ranged GET, its body read included) take a place in it.
+
+A request botocore retries keeps its thread inside the call, and so inside its place: a
+window that only gated new requests would leave every request already in flight retrying
+at once, however narrow the window had become. So each retry after a lost connection or
+a throttle gives its place back and waits for one under the narrowed window (`rejoin`,
+from botocore's request-created event). Without that, an 8-rank save on a loaded 2-core
+MinIO kept 32 parts of 64 MiB in flight through every retry: none arrived within MinIO's
+30 s per request (its ReadTimeout/WriteTimeout), each was cut and sent again, and no part
+completed for the 120 s of the stall timeout (benchmarks/results/2026-12-s3-under-load.md).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ class Window:
         self._cond = threading.Condition()
         self._limit: float | None = None
         self._in_flight = 0
+        self._held = threading.local()  # places this thread holds (slot() may nest)
         self.peak = 0  # the most parts in flight at once: where growth stops limiting
 
     @property
@@ -42,18 +52,34 @@ class Window:
             base = self._limit if self._limit is not None else max(self._in_flight, 1)
             self._limit = max(1.0, base / 2)
 
+    def _enter(self) -> None:
+        """Take a place once the window has one (called under the condition)."""
+        while self._limit is not None and self._in_flight >= int(self._limit):
+            self._cond.wait(1.0)
+        self._in_flight += 1
+        self.peak = max(self.peak, self._in_flight)
+
+    def rejoin(self) -> None:
+        """A retry of a request this thread sends in a place: the place is given back and
+        taken again once the (narrowed) window has room; a thread holding none goes on."""
+        if not getattr(self._held, "n", 0):
+            return
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+            self._enter()
+
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
         with self._cond:
-            while self._limit is not None and self._in_flight >= int(self._limit):
-                self._cond.wait(1.0)
-            self._in_flight += 1
-            self.peak = max(self.peak, self._in_flight)
+            self._enter()
+        self._held.n = getattr(self._held, "n", 0) + 1
         ok = False
         try:
             yield
             ok = True
         finally:
+            self._held.n -= 1
             with self._cond:
                 self._in_flight -= 1
                 if ok and self._limit is not None:

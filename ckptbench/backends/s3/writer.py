@@ -43,11 +43,16 @@ def give_buffer(proc: ProcessState, part_size: int, buf: bytearray) -> None:
 
 
 def request_body(buf: bytearray | memoryview, n: int, zero_copy: bool) -> Any:
-    """The first n bytes of `buf` as a request body: a bytearray as it is; other memory
-    read in place (:class:`ViewBody`) or, when botocore must see bytes, copied."""
+    """The first n bytes of `buf` as a request body: read in place (:class:`ViewBody`),
+    or, when botocore must see bytes, a whole bytearray as it is, other memory copied.
+    A ViewBody is sent 1 MiB per send, each bounded by the send timeout (client.
+    send_timeout); a bytearray is one send, bounded as a whole, which sets a floor on
+    each part's rate (64 MiB in 60 s), one a loaded endpoint can go below."""
+    if zero_copy:
+        return ViewBody(memoryview(buf)[:n])
     if n == len(buf) and isinstance(buf, bytearray):
         return buf
-    return ViewBody(memoryview(buf)[:n]) if zero_copy else bytes(memoryview(buf)[:n])
+    return bytes(memoryview(buf)[:n])
 
 
 class S3Writer(WriteHandle):

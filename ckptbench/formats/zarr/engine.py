@@ -36,14 +36,21 @@ import numpy as np
 
 from ckptbench.backends import Backend
 from ckptbench.errors import VerificationError
-from ckptbench.formats.base import FileJob, FormatBase, FormatOptions, Group, ThreadResult, now
+from ckptbench.formats.base import (
+    FileJob,
+    FormatBase,
+    FormatOptions,
+    Group,
+    ThreadResult,
+    from_root,
+    now,
+)
 from ckptbench.formats.codecs import CodecSpec, parse_codec
 from ckptbench.formats.common import (
     ChunkTask,
     checkpoint_of,
     chunk_bytes,
     chunk_tasks,
-    manifest_name,
 )
 from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
@@ -120,7 +127,7 @@ class ZarrFormat(FormatBase):
         process learns which plan ranks run."""
         if self._meta_keys is None:
             gathered = self.group.gather(list(self.ranks))
-            running = self.group.bcast(sorted(r for g in gathered for r in g)
+            running = from_root(self.group, sorted(r for g in gathered for r in g)
                                       if gathered is not None else None)
             mine = set(self.ranks)
             self._meta_keys = [k for k in range(len(self.plan.keys))
@@ -369,7 +376,7 @@ class ZarrFormat(FormatBase):
                     break
                 t, data = item
                 got = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-                want = expected[manifest_name(t.job)]["digests"][t.region]
+                want = expected[t.job.name]["digests"][t.region]
                 if len(got) != t.nbytes or digest(got) != want:
                     res.mismatches.append(self._describe_mismatch(t, got, ckpt))
                 feed.release(t.nbytes)

@@ -45,8 +45,9 @@ class BufferPool:
 def still_running(pending: list[Future[None]]) -> list[Future[None]]:
     """Raise the first failure among finished I/O futures; keep the unfinished ones."""
     for f in pending:
-        if f.done() and f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
+        failure = f.exception() if f.done() else None
+        if failure is not None:
+            raise failure
     return [f for f in pending if not f.done()]
 
 

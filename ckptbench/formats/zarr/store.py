@@ -104,7 +104,7 @@ class BackendStore(Store):
                 buf[pos:pos + len(p)] = np.frombuffer(p, dtype=np.uint8)
                 pos += len(p)
             buf[n:] = 0
-            parts = [memoryview(buf)]  # type: ignore[arg-type]
+            parts = [buf.data]
         handle = self.backend.open_write(key, n)
         try:
             for p in parts:
@@ -143,7 +143,7 @@ class BackendStore(Store):
                     bigger[:off] = buf[:off]
                     buf = bigger
                 want = min(len(buf) - off, MAX_READ)
-                got = handle.readinto(off, memoryview(buf)[off:off + want])  # type: ignore[arg-type]
+                got = handle.readinto(off, buf.data[off:off + want])
                 off += got
                 if got < want:
                     break
@@ -160,7 +160,7 @@ class BackendStore(Store):
             return None
         try:
             buf = _buffer(a1 - a0, self.alignment)
-            got = handle.readinto(a0, memoryview(buf)[:a1 - a0])  # type: ignore[arg-type]
+            got = handle.readinto(a0, buf.data[:a1 - a0])
         finally:
             handle.close()
         out = buf[start - a0:max(start - a0, min(got, end - a0))]

@@ -1,0 +1,94 @@
+"""The peer tier's transport under mpirun/srun: MPI point-to-point between the ranks.
+
+A job launched by MPI replicates over MPI, as the real systems use the launcher's fabric
+(NVIDIA's local checkpointing exchanges replicas with the process group's send/recv), not
+sockets of their own. Every exchange is collective and symmetric: each process knows
+from the placement whom it sends to and whom it receives from, posts every receive
+(``Irecv``) and every send (``Isend``) of large buffers in pieces of :data:`PIECE` (an MPI
+count is a C int), then waits for all. Messages between a pair with one tag arrive in
+the order sent, so one tag per kind of exchange is enough.
+
+mpi4py runs MPI funneled (only the main thread calls it), so every exchange runs on the
+main thread. A restart's fetch tells the receiver first how many bytes the holder has
+(:data:`MISSING` when it holds no replica), then sends them, so a missing replica is an
+answer, never a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PIECE = 256 << 20
+MISSING = -1
+TAG_REPLICA, TAG_PLAIN, TAG_SIZE, TAG_FETCH = 3201, 3202, 3203, 3204
+
+
+def _pieces(buf: np.ndarray) -> list[np.ndarray]:
+    return [buf[i:i + PIECE] for i in range(0, buf.nbytes, PIECE)] or [buf]
+
+
+class MpiPeers:
+    """The run's MPI communicator (an MPIComm's), for the peer tier's exchanges."""
+
+    def __init__(self, comm: Any) -> None:
+        self.c, self.MPI = comm.c, comm.MPI
+
+    def exchange(self, sends: Sequence[tuple[int, np.ndarray]],
+                 recvs: Sequence[tuple[int, np.ndarray]], tag: int) -> None:
+        """Collective among the pairs named: every buffer of `recvs` filled from its
+        source, every one of `sends` sent to its destination; returns when all are."""
+        byte = self.MPI.BYTE
+        reqs = [self.c.Irecv([p, byte], source=src, tag=tag)
+                for src, buf in recvs for p in _pieces(buf) if p.nbytes]
+        reqs += [self.c.Isend([p, byte], dest=dst, tag=tag)
+                 for dst, buf in sends for p in _pieces(buf) if p.nbytes]
+        self.MPI.Request.Waitall(reqs)
+
+    def fetch(self, serves: Sequence[tuple[int, Path | np.ndarray, int]], source: int | None,
+              out: np.ndarray) -> bool:
+        """Collective restart fetch. `serves`: (process, its replica's file, or memory to
+        send as many bytes from (the plain transfer: written before the clock, never the
+        zero page), its shard's bytes) for each process this one serves; `source`: the
+        process serving this one (None: none); `out`: where its bytes go. False when the
+        holder has no replica of the shard's size."""
+        sizes = np.full(len(serves), MISSING, dtype=np.int64)
+        maps: list[tuple[int, mmap.mmap | None, np.ndarray]] = []
+        for k, (proc, path, nbytes) in enumerate(serves):
+            if isinstance(path, np.ndarray):
+                maps.append((proc, None, path[:nbytes]))
+            elif path.is_file() and path.stat().st_size == nbytes:
+                with open(path, "rb") as f:
+                    mapped = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) \
+                        if nbytes else None
+                data = (np.frombuffer(mapped, dtype=np.uint8) if mapped is not None
+                        else np.empty(0, dtype=np.uint8))
+                maps.append((proc, mapped, data))
+            else:
+                continue
+            sizes[k] = nbytes
+        got = np.full(1, MISSING, dtype=np.int64)
+        self.exchange([(p, sizes[k:k + 1]) for k, (p, _, _) in enumerate(serves)],
+                      [(source, got)] if source is not None else [], TAG_SIZE)
+        ok = source is not None and int(got[0]) == out.nbytes
+        try:
+            self.exchange([(p, data) for p, _, data in maps],
+                          [(source, out)] if ok and source is not None else [], TAG_FETCH)
+        finally:
+            mapped_files = [m for _, m, _ in maps if m is not None]
+            maps.clear()  # the views go before their maps close
+            for m in mapped_files:
+                with contextlib.suppress(BufferError):
+                    m.close()
+        return ok
+
+
+def node_local(hosts: Sequence[str]) -> str:
+    """What MPI's "network" is here: one host's shared memory, or the fabric between
+    hosts (the record's transport)."""
+    return "mpi-shm" if len(set(hosts)) == 1 else "mpi"
