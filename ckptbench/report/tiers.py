@@ -37,6 +37,33 @@ def _rate(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds if seconds > 0 else None
 
 
+def _seconds(r: dict[str, Any]) -> float:
+    """A tier's time per checkpoint: what the loop waited for, or the replication's
+    seconds when it ran in the background (--mode async: the loop did not wait)."""
+    return float(r["replication_s"] if r.get("background") else r["blocking_s"])
+
+
+def _interference(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
+    """--mode async: the median step that overlapped a replication of its process over
+    the median baseline step (None without such steps)."""
+    windows = defaultdict(list)
+    for r in rows:
+        windows[r["process"]].append((r["start_ns"], r["end_ns"]))
+    during, baseline = [], []
+    for r in records:
+        if r.get("type") != "steps":
+            continue
+        pairs = zip(r["start_ns"], r["seconds"], strict=True)
+        if r["loop"] == "baseline":
+            baseline += r["seconds"]
+            continue
+        during += [sec for start, sec in pairs if any(
+            start < b and start + sec * 1e9 > a for a, b in windows[r["process"]])]
+    if not during or not baseline:
+        return None
+    return float(statistics.median(during) / statistics.median(baseline))
+
+
 def _tier_summary(tier: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_it: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -44,7 +71,7 @@ def _tier_summary(tier: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     blocking, baseline, rates, ratios = [], [], [], []
     nbytes = 0
     for its in by_it.values():
-        slow, base = max(r["blocking_s"] for r in its), max(r["baseline_s"] for r in its)
+        slow, base = max(_seconds(r) for r in its), max(r["baseline_s"] for r in its)
         nbytes = sum(r["bytes"] * r.get("replicas", 1) for r in its)
         blocking.append(slow)
         baseline.append(base)
@@ -58,7 +85,7 @@ def _tier_summary(tier: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "baseline": first["baseline"], "rate_Bps": statistics.median(rates),
             "over_baseline": statistics.median(ratios),
             "transport": first.get("transport", first.get("where", "")),
-            "replicas": first.get("replicas", 0)}
+            "replicas": first.get("replicas", 0), "background": bool(first.get("background"))}
 
 
 def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -136,6 +163,10 @@ def summarize_tiers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     out = [_tier_summary(t, [r for r in tiers if r["tier"] == t])
            for t in ("memory", "peer") if any(r["tier"] == t for r in tiers)]
+    for row in out:
+        if row["background"]:
+            row["interference"] = _interference([r for r in tiers if r["tier"] == row["tier"]],
+                                                records)
     restores = [r for r in records if r.get("type") == "tier_restore"]
     out += [_restore_summary(s, [r for r in restores if r["scenario"] == s])
             for s in ("process", "node", "group") if any(r["scenario"] == s for r in restores)]

@@ -14,6 +14,11 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _steps(r: dict[str, Any]) -> str:
+    x = r.get("interference")
+    return f"; steps x{x:.2f}" if x is not None else ""
+
+
 def spans(items: list[int]) -> str:
     """Sorted integers as runs: [0, 1, 2, 5] -> "0-2,5"."""
     out: list[str] = []
@@ -36,9 +41,10 @@ def _served(r: dict[str, Any]) -> str:
 def tier_grids(run: dict[str, Any]) -> list[Grid]:
     """The per-tier table and the per-restart table of one run ([] without tiers)."""
     rows = run.get("tiers", [])
-    tiers = tuple((r["tier"], str(r["checkpoints"]), format_size(r["bytes"]),
+    tiers = tuple((r["tier"] + (", background" if r.get("background") else ""),
+                   str(r["checkpoints"]), format_size(r["bytes"]),
                    _s(r["blocking_s"]), _s(r["baseline_s"]), f"{r['over_baseline']:.2f}",
-                   gbps(r["rate_Bps"]), r["transport"])
+                   gbps(r["rate_Bps"]), r["transport"] + _steps(r))
                   for r in rows if r["type"] == SUMMARY)
     restarts = tuple((r["scenario"], str(r["iteration"]), format_size(r["bytes"]),
                       _s(r["seconds"]), gbps(r["rate_Bps"]), _s(r["baseline_s"]),
@@ -56,7 +62,9 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
              "holder has it (peer); baseline: a plain copy (memory) or a plain transfer over "
              "the same transport (peer) of one shard, in the same run; x baseline: blocking over "
              "the baseline's time for the same bytes (K replicas: K x the baseline); bytes "
-             "and GB/s: every process's, replicas counted.",)))
+             "and GB/s: every process's, replicas counted. background (--mode async): the "
+             "replication's seconds while the loop ran on; steps x: the training steps beside "
+             "it over the baseline steps.",)))
     if restarts:
         out.append(Grid("recovery tiers: restarts", (
             Column("scenario", key=True, numeric=False), Column("ckpt"), Column("bytes"),

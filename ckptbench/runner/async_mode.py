@@ -53,6 +53,7 @@ from ckptbench.records import (
     SavePhaseRecord,
     StepsRecord,
 )
+from ckptbench.runner.async_peer import BackgroundReplication
 from ckptbench.runner.comm import Comm, T
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport
@@ -86,6 +87,9 @@ def check_async(plan: Plan, options: RunOptions) -> None:
         raise SpecError("--state-device cuda needs torch with CUDA (pip install "
                         "'ckptbench[torch]'); allowed here: auto, host")
     staging = options.loop.staging_bytes
+    if options.tiers.has("peer") and staging:
+        raise SpecError(f"--staging-memory {staging} B with --tiers peer: the replicas are sent "
+                        "from the whole snapshot in staging; allowed: --staging-memory state")
     if 0 < staging < options.block_size:
         raise SpecError(f"--staging-memory {staging} B holds no block of --block-size "
                         f"{options.block_size} B; allowed: as much as the state, or at least "
@@ -190,15 +194,30 @@ class AsyncLoop:
         self.pending: dict[int, list[PhaseReport | None]] = {}  # process 0: reports so far
         self.commits: dict[int, _Commit] = {}  # process 0: commits running
         self.timings: list[dict[str, Any]] = []  # this process's checkpoints
+        self.peers: BackgroundReplication | None = None  # --tiers peer (runner.async_peer)
 
     # --- the loop ---
     def run(self) -> None:
-        lo = self.o.loop
         jobs = self.driver.jobs(1)
-        self.state = open_state(lo.device, jobs, self.comm.rank)
-        staging = staging_bytes(self.state.nbytes, lo.staging_bytes)
+        self.state = open_state(self.o.loop.device, jobs, self.comm.rank)
+        staging = staging_bytes(self.state.nbytes, self.o.loop.staging_bytes)
         self.state.allocate_staging(staging)
         self.full = staging >= self.state.nbytes
+        tplan = self.o.tier_plan
+        if tplan is None or not tplan.spec.has("peer"):
+            self._run(jobs, staging)
+            return
+        self.peers = BackgroundReplication(self.comm, tplan, self.o.run_id, self.state.nbytes,
+                                           self.offset)
+        ok = False
+        try:
+            self._run(jobs, staging)
+            ok = True
+        finally:
+            self.peers.close(ok)
+
+    def _run(self, jobs: list[FileJob], staging: int) -> None:
+        lo = self.o.loop
         self.expected = self.state.load(jobs, self.fmt.gen)
         copy_bw = self.state.copy_bandwidth(staging)
         kernel = open_kernel(lo.kernel, self.state.kind, self.state.device)
@@ -215,6 +234,8 @@ class AsyncLoop:
         while len(self.final) < self.o.iterations:  # the last persist
             time.sleep(POLL_S)
             self._sync()
+        if self.peers is not None:  # and the last replication
+            self.peers.wait()
         self.comm.barrier()
         second = self._loop(kernel, sched, total - total // 2, checkpoints=False)
         baseline = (first[0] + second[0], first[1] + second[1])
@@ -223,6 +244,8 @@ class AsyncLoop:
                            "full" if self.full else "piecewise", copy_bw, kernel.name,
                            sched.to_dict())
         self._write_records(facts, baseline, steps)
+        if self.peers is not None:
+            self._peer_restart()
         for it in range(1, self.o.iterations + 1):  # restored, verified, then removed
             self.driver.restore(it)
 
@@ -256,6 +279,9 @@ class AsyncLoop:
         while it > 1 and it - 1 not in self.final:  # one persist in flight: blocking too
             time.sleep(POLL_S)
             self._sync()
+        if self.peers is not None:  # and one replication: its snapshot is still read
+            waited = waited or (self.peers.thread is not None and self.peers.thread.is_alive())
+            self.peers.wait()
         t1 = now()
         # Off the clock: the checkpoint's directory is claimed, the persist's threads are
         # set up (they read each piece of the snapshot once it is copied), the state takes
@@ -274,12 +300,16 @@ class AsyncLoop:
             self.expected = self.state.load(jobs, self.fmt.gen)
         bandwidth = self.state.copy_bandwidth(len(self.state.staging), 1)
         limit = self.state.payload_bytes / bandwidth if bandwidth else 0.0
+        snap = self.state.staging[:self.state.nbytes]
+        transfer_s = self.peers.refresh(it, snap) if self.peers is not None else 0.0
         self.comm.barrier()
         t2 = now()
         snapshot.take()
         t3 = now()
         self.comm.barrier()  # the loop resumes once every process has its snapshot
         t4 = now()
+        if self.peers is not None:  # replicated while the loop runs on
+            self.peers.start(it, snap, transfer_s)
         self.timings.append({
             "iteration": it, "start_ns": t0 + self.offset,
             "wait_s": (t1 - t0) / 1e9 if waited else 0.0,
@@ -305,6 +335,22 @@ class AsyncLoop:
                 self.outbox.append((it, report))
 
         threading.Thread(target=work, name=f"persist-{it}", daemon=True).start()
+
+    def _peer_restart(self) -> None:
+        """The node restart from the replicas of the last checkpoint (runner.async_peer);
+        its records and the replications' reach process 0 whether it succeeds or not."""
+        assert self.peers is not None
+        last = self.o.iterations
+        failed: RunFailed | None = None
+        try:
+            self.peers.restart(last, self.driver.jobs(last), self.state.offsets, self.expected)
+        except RunFailed as exc:  # every process alike
+            failed = exc
+        gathered = self.comm.gather(self.peers.records)
+        if gathered is not None and self.sink is not None:
+            self.sink.write_all([r for recs in gathered for r in recs])
+        if failed is not None:
+            raise failed
 
     # --- the collective that carries persists to process 0 and commits back ---
     def _sync(self) -> None:

@@ -102,7 +102,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
     process)."""
     run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
                      names)
-    if options.tier_plan is not None:  # memory, peer and storage tiers (runner.tiers)
+    if options.tier_plan is not None and options.mode == "sync":  # tiers (runner.tiers)
         from ckptbench.runner.tiers import TierRun
 
         TierRun(run).run_all()

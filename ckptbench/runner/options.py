@@ -78,9 +78,12 @@ class LoopOptions:
 
 def check_tier_options(o: RunOptions) -> None:
     """What a tiered run cannot combine with, refused in one line."""
-    if o.mode != "sync":
-        raise SpecError("--tiers runs with --mode sync (the storage tier's save every "
-                        "--storage-every-th checkpoint); allowed: --mode sync")
+    if o.mode != "sync" and (o.tiers.has("memory") or not o.tiers.has("peer")
+                             or o.tiers.storage_every != 1):
+        raise SpecError(f"--tiers {','.join(o.tiers.use)} with --mode {o.mode}: async mode "
+                        "persists every checkpoint to storage and replicates it to peers in "
+                        "the background; allowed: --tiers peer or peer,storage (--storage-every "
+                        "1), or --mode sync")
     if o.checkpoint:
         raise SpecError("--tiers: restoring a kept checkpoint has no tiers; allowed: no --tiers")
     if o.sequence != "interleaved":

@@ -50,17 +50,18 @@ class MpiPeers:
                  for dst, buf in sends for p in _pieces(buf) if p.nbytes]
         self.MPI.Request.Waitall(reqs)
 
-    def fetch(self, serves: Sequence[tuple[int, Path | None, int]], source: int | None,
+    def fetch(self, serves: Sequence[tuple[int, Path | np.ndarray, int]], source: int | None,
               out: np.ndarray) -> bool:
-        """Collective restart fetch. `serves`: (process, its replica's file or None for
-        zeros, its shard's bytes) for each process this one serves; `source`: the process
-        serving this one (None: none); `out`: where its bytes go. False when the holder
-        has no replica of the shard's size."""
+        """Collective restart fetch. `serves`: (process, its replica's file, or memory to
+        send as many bytes from (the plain transfer: written before the clock, never the
+        zero page), its shard's bytes) for each process this one serves; `source`: the
+        process serving this one (None: none); `out`: where its bytes go. False when the
+        holder has no replica of the shard's size."""
         sizes = np.full(len(serves), MISSING, dtype=np.int64)
         maps: list[tuple[int, mmap.mmap | None, np.ndarray]] = []
         for k, (proc, path, nbytes) in enumerate(serves):
-            if path is None:
-                maps.append((proc, None, np.zeros(nbytes, dtype=np.uint8)))
+            if isinstance(path, np.ndarray):
+                maps.append((proc, None, path[:nbytes]))
             elif path.is_file() and path.stat().st_size == nbytes:
                 with open(path, "rb") as f:
                     mapped = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) \

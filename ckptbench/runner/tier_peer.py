@@ -4,7 +4,12 @@ Every process serves the replicas it holds: a sender's shard arrives by ``recv_i
 mapping of the replica's file in the holder's node directory (runner.tier_store: written
 as a part, renamed when complete), and a restarted process fetches it back the same way
 into its new memory. The plain transfer that a replication is compared with sends the
-same bytes to the same process over the same kind of connection into a reused buffer.
+same bytes to the same process over the same kind of connection, and the plain transfer
+a fetch is compared with sends them back: both from and into memory of the shard's size
+that is allocated and written before the clock starts (``PeerServer.lend``: the holder
+process's own plain-copy memory), as the replicas' files and a restarted process's state
+are; never a small reused buffer (it stays in the caches) nor fresh zeroed memory (it
+reads the kernel's one zero page).
 
 One request per connection, a fixed header: op, source process, checkpoint, bytes.
 """
@@ -55,6 +60,7 @@ class PeerServer:
         self.held: list[Path] = []  # every replica written (removed by name at the end)
         self.errors: list[str] = []
         self.prepared: dict[tuple[int, int], PreparedCopy] = {}
+        self.plain = np.empty(0, dtype=np.uint8)  # the plain transfers' memory (lend)
         self._lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="peer-server", daemon=True)
@@ -78,19 +84,24 @@ class PeerServer:
                 elif op == GET:
                     self._get(conn, src, it)
                 elif op == SINK:
-                    left = nbytes
-                    sink = np.empty(CHUNK, dtype=np.uint8).data
-                    while left:
-                        n = min(left, CHUNK)
-                        _recv_into(conn, sink[:n])
-                        left -= n
+                    _recv_into(conn, self._plain(nbytes).data)
                     conn.sendall(b"\1")
                 elif op == SOURCE:
-                    data = np.zeros(nbytes, dtype=np.uint8)
                     conn.sendall(struct.pack("!Q", nbytes))
-                    conn.sendall(data.data)
+                    conn.sendall(self._plain(nbytes).data)
             except (OSError, struct.error, ConnectionError) as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def lend(self, memory: np.ndarray) -> None:
+        """The plain transfers' memory (uint8, written before any clock starts, as large as
+        any shard sent here). Concurrent plain transfers share it: what arrives is
+        discarded, what leaves is never checked."""
+        self.plain = memory
+
+    def _plain(self, nbytes: int) -> np.ndarray:
+        if self.plain.nbytes < nbytes:  # none lent: made here, inside the clock
+            self.plain = np.ones(nbytes, dtype=np.uint8)
+        return self.plain[:nbytes]
 
     def path(self, src: int, it: int) -> Path:
         return self.directory / copy_name(src, it, replica=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats.base import FileJob, PlannedRestore, first_error, now
@@ -27,6 +27,8 @@ from ckptbench.formats.ranged import restore_jobs
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -78,12 +80,12 @@ def _storage_read(run: Iterations, it: int, mine: bool) -> StoragePart:
     return part
 
 
-def beside_storage(run: Iterations, it: int, serve: Callable[[], dict[str, Any]] | None
-                   ) -> tuple[dict[str, Any] | None, StoragePart]:
+def beside_storage(run: Iterations, it: int, serve: Callable[[], R] | None
+                   ) -> tuple[R | None, StoragePart]:
     """Collective: this process's tier read `serve` (None: storage serves it) in a thread
-    beside the storage read every process enters; its record and the storage part. A
+    beside the storage read every process enters; what it returned and the storage part. A
     tier read's error is raised once the collective part is over."""
-    out: list[dict[str, Any]] = []
+    out: list[R] = []
     errors: list[BaseException] = []
 
     def tier() -> None:

@@ -122,8 +122,20 @@ def write_copy(path: Path, data: np.ndarray) -> None:
     copy.release()
 
 
+def touched(nbytes: int) -> np.ndarray:
+    """`nbytes` of memory with every page faulted in (off the clock)."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    out.fill(1)
+    return out
+
+
 def read_copy(path: Path, out: np.ndarray) -> None:
-    """A held copy read into `out` (a restarted process's state, allocated before)."""
+    """A held copy read into `out` (a restarted process's state, allocated before).
+
+    One ``read`` into `out`: the kernel copies from the tmpfs pages. Mapping the file and
+    copying in user space costs more here: filling the page table of a new 4 KiB-page
+    mapping (tmpfs has no huge pages unless mounted with ``huge=``) took longer than the
+    kernel's copy, 8 processes at once (benchmarks/results/2026-12-tier-speed.md)."""
     with open(path, "rb", buffering=0) as f:
         got = f.readinto(out.data)
         size = os.fstat(f.fileno()).st_size

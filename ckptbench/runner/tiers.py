@@ -46,7 +46,8 @@ from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
 from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
 from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
-from ckptbench.runner.tier_storage import StoragePart, beside_storage
+from ckptbench.runner.tier_restart import Restart
+from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
     copy_name,
@@ -55,10 +56,18 @@ from ckptbench.runner.tier_store import (
     read_copy,
     remove_dirs,
     remove_names,
+    touched,
 )
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
+
+
+# A restart's reads interleaved with their baselines (A B B A A B): a machine whose load
+# drifts slows both alike; the records keep every round and their medians. The group
+# restart runs one of each: its storage read is cold (evicted first), as after a save.
+RESTART_ORDER = ("baseline", "read", "read", "baseline", "baseline", "read")
+GROUP_ORDER = ("baseline", "read")
 
 
 def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
@@ -152,13 +161,13 @@ class TierRun:
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
         self.sizes: list[int] = everyone(self.comm, self.nbytes)
-        self.state: np.ndarray | None = np.zeros(self.nbytes, dtype=np.uint8)
-        self.state.fill(0)  # faulted in off the clock, as a training state is
-        self.plain = np.zeros(self.nbytes, dtype=np.uint8)  # the plain copy's destination
-        self.plain.fill(0)
+        self.state: np.ndarray | None = touched(self.nbytes)  # as a training state is
+        # the plain copy's destination; the holder's plain transfers use it too
+        self.plain = touched(max(self.sizes))
+        if self.server is not None:
+            self.server.lend(self.plain)
         if self.mpi is not None:  # a plain transfer's destination per sender, off the clock
-            self.sinks = {p: np.zeros(self.sizes[p], dtype=np.uint8)
-                          for p in self.tp.held_for(self.proc)
+            self.sinks = {p: touched(self.sizes[p]) for p in self.tp.held_for(self.proc)
                           if self.tp.holders(p)[0] == self.proc}
 
     def _stop(self, ok: bool) -> None:
@@ -208,7 +217,7 @@ class TierRun:
             copy = PreparedCopy(path, self.nbytes)  # allocated off the clock, as is `plain`
             self.comm.barrier()
             t0 = now()
-            np.copyto(self.plain, state)
+            np.copyto(self.plain[:self.nbytes], state)
             t1 = now()
             self.comm.barrier()
             t2 = now()
@@ -281,50 +290,43 @@ class TierRun:
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
-        """One restart scenario, collectively: the baseline first (a plain copy of the
-        state, or a plain transfer of its bytes from the same holder, every process at
-        once), then the state dropped and read back into memory allocated before the
-        clock starts (a framework builds its model before it loads), then verified. In
+        """One restart scenario, collectively: the state dropped (and a replaced node's
+        copies), then the read back into memory allocated before the clock starts (a
+        framework builds its model before it loads) interleaved with its baseline (a plain
+        copy of the same bytes, or a plain transfer of them from the same holder), every
+        process at once, in RESTART_ORDER; verified once every process's bytes are in. In
         the group scenario storage serves what no tier holds, beside the tiers."""
-        error: str | None = None
         held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
         source = self.tp.serving_tier(self.proc, lost) if held else None
-        if self.plain.nbytes != self.nbytes:
-            self.plain = np.zeros(self.nbytes, dtype=np.uint8)
-        if scenario == "group":  # storage is read cold, as after its own save
-            self.run.evict(it)
-        self.comm.barrier()
-        base = (0, 0)
-        try:
-            base = self._baseline(source, it, lost)
-        except BaseException as exc:
-            error = describe_error(exc)[1]
-        data, self.state = self.plain, None  # the process restarts: its state is gone
+        if self.plain.nbytes < self.nbytes:  # the last restart took it as the state
+            self.plain = touched(max(self.sizes))
+            if self.server is not None:
+                self.server.lend(self.plain)
+        r = Restart(scenario, it, lost, source, self.plain[:self.nbytes], self.state)
+        self.state = None  # the process restarts: its state is gone
         if self.node in lost:  # the node replaced: its copies are gone with it
             self._drop(it)
-        self.comm.barrier()
-        fetched: tuple[bool, int, int] | None = None
-        if self.mpi is not None and self.spec.has("peer"):  # collective, on this thread
-            try:
-                t = now()
-                fetched = (self._mpi_fetch(it, lost, data), t, now())
+        if scenario == "group":  # storage is read cold, as after its own save
+            self.run.evict(it)
+        error: str | None = None
+        for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
+            self.comm.barrier()
+            try:  # a collective part is entered after an error too: none waits for it
+                self._round(step, r, error)
             except BaseException as exc:
-                error = error or describe_error(exc)[1]
-
-        def serve() -> dict[str, Any]:
-            if error:
-                raise RunFailed(error, "peer")
-            if source is None:
-                raise RunFailed(self._missing(it, lost), "missing")
-            return self._serve(source, it, data, expected[self.proc], base, fetched)
-
+                error = error or (str(exc) if isinstance(exc, RunFailed)
+                                  else describe_error(exc)[1])
+        # Every process's bytes in before any checks them: a digest taken beside another
+        # process's read would take its CPU (2 cores, 8 processes), inside its seconds.
+        self.comm.barrier()
         try:
-            if scenario == "group":  # collective: every process enters the storage read
-                rec, part = beside_storage(self.run, it, serve if source or error else None)
-                rec = rec or self._from_storage(part)
-            else:
-                rec = serve()
-            self.state, self.plain = data, np.empty(0, dtype=np.uint8)
+            if error:
+                raise RunFailed(error, "restore")
+            t0 = now()
+            if r.source is not None:
+                self._verify(r.data, expected[self.proc], it, *r.source)
+            rec = r.record(self.tp.node_of, self.offset, (now() - t0) / 1e9, self.o.verify)
+            self.state, self.plain = r.data, np.empty(0, dtype=np.uint8)
             self.records.append({"type": "tier_restore", "scenario": scenario,
                                  "iteration": it, "process": self.proc, "node": self.node,
                                  **rec, "lost_nodes": sorted(lost)})
@@ -337,67 +339,67 @@ class TierRun:
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
 
-    def _baseline(self, source: tuple[str, int] | None, it: int, lost: set[int]
-                  ) -> tuple[int, int]:
-        """A restart's baseline, every process at once: a plain transfer of the shard's
-        bytes from the same holder (peer), or a plain copy of the state (memory)."""
+    def _round(self, step: str, r: Restart, error: str | None) -> None:
+        """One round of a restart, every process at once: the read into `r.data` or its
+        baseline, its clock readings kept in `r`. Its collective parts (an MPI exchange,
+        the group's storage read) are entered after an `error` too, nothing else."""
+        mpi = self.mpi is not None and self.spec.has("peer")
         t = now()
-        if self.mpi is not None and self.spec.has("peer"):  # collective
-            self._mpi_fetch(it, lost, self.plain, zeros=True)
-        elif source is not None and source[0] == "peer":
-            fetch(self.addresses[source[1]], self.proc, it, self.plain, SOURCE)
-        if source is not None and source[0] == "memory" and self.state is not None:
+        got = self._mpi_fetch(r, plain=step == "baseline") if mpi else True  # collective
+        if step == "read" and r.scenario == "group":
+            def serve() -> tuple[int, int]:
+                if error:
+                    raise RunFailed(error, "restore")
+                return self._tier_read(r, got, t)
+
+            span, r.part = beside_storage(self.run, r.it, serve if r.source or error
+                                          else None)
+            r.rounds["read"].append(span or (r.part.start_ns, r.part.end_ns))
+            return
+        if error or (r.source is None and r.scenario == "group"):  # storage serves it
+            return
+        if r.source is None:
+            raise RunFailed(self._missing(r.it, r.lost), "missing")
+        if step == "read":
+            r.rounds["read"].append(self._tier_read(r, got, t))
+            return
+        tier, holder = r.source
+        if tier == "peer" and not mpi:
+            fetch(self.addresses[holder], self.proc, r.it, r.data, SOURCE)
+        elif tier == "memory":
+            t = now()  # after the MPI exchange, which it took no part in
+            if r.state is not None:
+                np.copyto(r.data, r.state)
+        r.rounds["baseline"].append((t, now()))
+
+    def _tier_read(self, r: Restart, got: bool, t: int) -> tuple[int, int]:
+        """`r.data` read from its tier's copy (peer under MPI: already fetched, since `t`,
+        `got` whether it came); the clock readings around it."""
+        assert r.source is not None
+        tier, holder = r.source
+        if tier == "memory":
             t = now()
-            np.copyto(self.plain, self.state)
+            read_copy(self.dir / copy_name(self.proc, r.it), r.data)
+        elif self.mpi is not None:
+            if not got:
+                raise RunFailed(self._missing(r.it, set(), holder), "missing")
+        elif not fetch(self.addresses[holder], self.proc, r.it, r.data):
+            raise RunFailed(self._missing(r.it, set(), holder), "missing")
         return t, now()
 
-    def _mpi_fetch(self, it: int, lost: set[int], out: np.ndarray, zeros: bool = False
-                   ) -> bool:
+    def _mpi_fetch(self, r: Restart, plain: bool) -> bool:
         """Collective (MPI): every holder sends the replicas a restart fetches from it
-        (`zeros`: as many made-up bytes, the plain transfer) into the fetching process's
-        `out`; whether this process got its replica."""
+        (`plain`: as many bytes of its plain-transfer memory, the baseline) into the
+        fetching process's `r.data`; whether this process got its replica."""
         assert self.mpi is not None and self.server is not None
-        held = it > self.o.iterations - HELD_COPIES
-        sources = [self.tp.serving_tier(q, lost) if held else None
+        held = r.it > self.o.iterations - HELD_COPIES
+        sources = [self.tp.serving_tier(q, r.lost) if held else None
                    for q in range(len(self.sizes))]
-        serves = [(q, None if zeros else self.server.path(q, it), self.sizes[q])
+        serves = [(q, self.plain if plain else self.server.path(q, r.it), self.sizes[q])
                   for q, src in enumerate(sources) if src == ("peer", self.proc)]
         mine = sources[self.proc]
-        return self.mpi.fetch(serves, mine[1] if mine and mine[0] == "peer" else None, out)
-
-    def _serve(self, source: tuple[str, int], it: int, data: np.ndarray, want: list[int],
-               base: tuple[int, int], fetched: tuple[bool, int, int] | None
-               ) -> dict[str, Any]:
-        """`data` read from its tier's copy (`fetched`: already by MPI: whether it came,
-        and when) and verified; the restore record's fields."""
-        tier, holder = source
-        t0 = now()
-        if tier == "memory":
-            read_copy(self.dir / copy_name(self.proc, it), data)
-        elif fetched is not None:
-            if not fetched[0]:
-                raise RunFailed(self._missing(it, set(), holder), "missing")
-            t0 = fetched[1]
-        elif not fetch(self.addresses[holder], self.proc, it, data):
-            raise RunFailed(self._missing(it, set(), holder), "missing")
-        t1 = now() if fetched is None or tier == "memory" else fetched[2]
-        self._verify(data, want, it, tier, holder)
-        t2 = now()
-        return {"tier": tier, "from_node": self.tp.node_of[holder], "from_process": holder,
-                "bytes": len(data), "start_ns": t0 + self.offset, "end_ns": t1 + self.offset,
-                "seconds": (t1 - t0) / 1e9, "verify_s": (t2 - t1) / 1e9, "verified": True,
-                "baseline_s": (base[1] - base[0]) / 1e9,
-                "baseline": "plain copy" if tier == "memory" else "plain transfer"}
-
-    def _from_storage(self, part: StoragePart) -> dict[str, Any]:
-        """The restore record's fields of a shard storage served (the format checked each
-        chunk against the manifest's digest as it read; its time includes that)."""
-        return {"tier": "storage", "from_node": None, "from_process": None,
-                "bytes": part.bytes, "start_ns": part.start_ns + self.offset,
-                "end_ns": part.end_ns + self.offset,
-                "seconds": (part.end_ns - part.start_ns) / 1e9, "verify_s": 0.0,
-                "verified": self.o.verify, "baseline_s": 0.0, "baseline": None,
-                "reads": part.reads}
+        return self.mpi.fetch(serves, mine[1] if mine and mine[0] == "peer" else None,
+                              r.data)
 
     def _shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)

@@ -33,7 +33,12 @@ T = "--tiers"
     ([T, "memory", "--memory-budget", "lots"], ["--memory-budget 'lots' is not a size"]),
     ([T, "memory", "--memory-dir", "/nonexistent/ckptbench"],
      ["--memory-dir /nonexistent/ckptbench: not a directory"]),
-    ([T, "memory", "--mode", "async"], ["--tiers runs with --mode sync"]),
+    ([T, "memory", "--mode", "async"], ["--tiers memory with --mode async",
+                                        "allowed: --tiers peer or peer,storage"]),
+    ([T, "peer,storage", "--mode", "async", "--storage-every", "2", "--ranks-per-node", "2"],
+     ["--tiers peer,storage with --mode async", "--storage-every 1"]),
+    ([T, "peer", "--mode", "async", "--ranks-per-node", "2", "--staging-memory", "16MiB"],
+     ["with --tiers peer", "allowed: --staging-memory state"]),
 ])
 def test_refused_before_the_run_starts(tmp_path: Path, args: list[str], needles: list[str]
                                        ) -> None:

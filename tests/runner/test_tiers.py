@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -320,6 +321,30 @@ def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
     assert "recovery tiers: restarts" in plain.stdout
     assert "multi-level cadence" not in plain.stdout
 
+
+
+@needs_mpi
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_restarts_read_in_rounds_between_their_baselines_over_mpi_and_tcp(
+        tmp_path: Path, memory_dir: Path, transport: str) -> None:
+    """Under mpirun, over MPI point-to-point and over TCP: the process and node restarts
+    read 3 times between 3 baselines (A B B A A B), the record's seconds the medians; the
+    group restart (storage read cold) once each; every shard verified."""
+    recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
+                  "1", "--iterations", "2", "--storage-every", "2", "--peer-transport",
+                  transport, mpi=4)
+    assert {r["transport"] for r in recs if r["type"] == "tier" and r["tier"] == "peer"} == (
+        {"mpi-shm"} if transport == "auto" else {"tcp-loopback"})
+    restores = [r for r in recs if r["type"] == "tier_restore"]
+    assert {r["scenario"] for r in restores} == {"process", "node", "group"}
+    for r in restores:
+        n = 1 if r["scenario"] == "group" else 3
+        assert len(r["rounds_s"]) == n and r["seconds"] == statistics.median(r["rounds_s"])
+        assert r["verified"]
+        if r["tier"] != "storage":
+            assert len(r["baseline_rounds_s"]) == n and all(b > 0 for b in
+                                                            r["baseline_rounds_s"])
+            assert r["baseline_s"] == statistics.median(r["baseline_rounds_s"])
 
 def test_a_replication_group_lost_restores_the_unheld_shards_from_storage(
         tmp_path: Path, memory_dir: Path) -> None:

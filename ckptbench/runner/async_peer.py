@@ -1,0 +1,189 @@
+"""``--mode async --tiers peer``: each checkpoint's snapshot replicated to peer nodes in the
+background, while the training loop runs (and the storage persist with it).
+
+Once every process holds its snapshot in staging (async mode's blocking part), a thread
+of each process sends the snapshot to its K holders on other nodes (runner.tier_peer:
+received into the replica file's mapping, held once complete) while the loop steps on;
+the steps that ran beside it show its interference next to the loop's baseline steps.
+Before each snapshot (off the loop's clock, with the refresh) every process times a plain
+transfer of the same bytes to its first holder: the reference. A checkpoint's snapshot is
+not overwritten while its replication runs: the next checkpoint waits for it (counted as
+its wait, as a persist in flight is). After the loop, the node restart: the last node is
+replaced, its processes fetch their shards of the last checkpoint from their first
+surviving holders (a plain transfer from the same holder first), and every byte is checked
+against the digests the loop took of the state.
+
+Only the loop's thread talks to the other processes: the replication threads use their
+own sockets.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from ckptbench.errors import RunFailed, describe_error
+from ckptbench.formats.base import FileJob, everyone, now
+from ckptbench.payload import ChunkHasher
+from ckptbench.plan.tiers import HELD_COPIES, TierPlan
+from ckptbench.runner.comm import Comm
+from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_store import make_dirs, node_dir, remove_dirs, remove_names, touched
+
+
+class BackgroundReplication:
+    """One process's peer tier in an async run (collective calls on the loop's thread)."""
+
+    def __init__(self, comm: Comm, tplan: TierPlan, run_id: str, nbytes: int,
+                 offset_ns: int) -> None:
+        self.comm, self.tp, self.run_id, self.offset = comm, tplan, run_id, offset_ns
+        self.proc = comm.rank
+        self.node = tplan.node_of[self.proc]
+        self.nbytes = nbytes
+        machine = socket.gethostname()  # reached at the machine's name, as runner.tiers
+        loopback = len(set(everyone(comm, machine))) == 1
+        make_dirs(tplan.spec.memory_dir, run_id, self.node)
+        self.server = PeerServer(node_dir(tplan.spec.memory_dir, run_id, self.node),
+                                 "127.0.0.1" if loopback else "0.0.0.0")
+        me = ("127.0.0.1" if loopback else machine, self.server.port)
+        self.addresses: list[tuple[str, int]] = everyone(comm, me)
+        self.transport = "tcp-loopback" if loopback else "tcp"
+        self.sizes: list[int] = everyone(comm, nbytes)
+        self.plain = touched(max(self.sizes))  # the plain transfers' memory, both ways
+        self.server.lend(self.plain)
+        self.holders = tplan.holders(self.proc)
+        self.records: list[dict[str, Any]] = []
+        self.thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def refresh(self, it: int, snapshot: np.ndarray) -> float:
+        """Off the loop's clock, before checkpoint `it`'s snapshot: the replicas of the
+        checkpoint before the last two let go, `it`'s allocated, and the plain transfer
+        of the same bytes to the first holder timed (seconds)."""
+        self._drop(it - HELD_COPIES)
+        for src in self.tp.held_for(self.proc):
+            self.server.prepare(src, it, self.sizes[src])
+        t0 = now()
+        send(self.addresses[self.holders[0]], SINK, self.proc, it, snapshot)
+        return (now() - t0) / 1e9
+
+    def start(self, it: int, snapshot: np.ndarray, baseline_s: float) -> None:
+        """The snapshot of checkpoint `it` to every holder at once, in the background."""
+        def work() -> None:
+            t0 = now()
+            try:
+                send_all([self.addresses[h] for h in self.holders], PUT, self.proc, it,
+                         snapshot)
+            except BaseException as exc:
+                self.error = f"checkpoint {it}: replication: {describe_error(exc)[1]}"
+                return
+            t1 = now()
+            self.records.append({
+                "type": "tier", "tier": "peer", "iteration": it, "process": self.proc,
+                "node": self.node, "bytes": self.nbytes, "start_ns": t0 + self.offset,
+                "end_ns": t1 + self.offset, "blocking_s": 0.0,
+                "replication_s": (t1 - t0) / 1e9, "background": True,
+                "baseline_s": baseline_s, "baseline": "plain transfer",
+                "transport": self.transport, "holders": self.holders,
+                "replicas": len(self.holders)})
+
+        self.thread = threading.Thread(target=work, name=f"replicate-{it}", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        """The replication in flight done (raise when it failed)."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error:
+            raise RunFailed(self.error, "peer")
+
+    def _drop(self, it: int) -> None:
+        if it < 1:
+            return
+        gone = [p for p in self.server.held if p.name.endswith(f"-ckpt{it}.bin")]
+        remove_names(gone)
+        self.server.held = [p for p in self.server.held if p not in gone]
+
+    def restart(self, it: int, jobs: list[FileJob], offsets: dict[int, int],
+                expected: dict[int, list[int]]) -> None:
+        """Collectively: the node restart of checkpoint `it`: the last node is replaced,
+        its processes fetch their shards from their first surviving holders, verified (the
+        other processes keep their state: without a memory tier a restart of theirs would
+        find no copy on their own node)."""
+        lost = {self.tp.nodes - 1}
+        restarted = self.node in lost
+        source = self.tp.serving_tier(self.proc, lost) if restarted else None
+        error: str | None = None
+        data = self.plain[:self.nbytes]
+        self.comm.barrier()
+        base = t0 = t1 = 0
+        try:
+            if restarted and source is None:
+                raise RunFailed(f"checkpoint {it}: the shard of process {self.proc}: no tier "
+                                f"holds it after losing node(s) {sorted(lost)}", "missing")
+            if source is not None:
+                t = now()
+                fetch(self.addresses[source[1]], self.proc, it, data, SOURCE)
+                base = now() - t
+        except BaseException as exc:
+            error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+        self.comm.barrier()
+        if error is None and source is not None:
+            try:
+                t0 = now()
+                if not fetch(self.addresses[source[1]], self.proc, it, data):
+                    raise RunFailed(f"checkpoint {it}: the shard of process {self.proc}: its "
+                                    f"holder process {source[1]} has no replica", "missing")
+                t1 = now()
+            except BaseException as exc:
+                error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+        self.comm.barrier()  # every process's bytes in before any checks them
+        if error is None and source is not None:
+            t2 = now()
+            error = _check(data, jobs, offsets, expected, self.proc, self.tp, source[1], it)
+            if error is None:
+                self.records.append({
+                    "type": "tier_restore", "scenario": "node", "iteration": it,
+                    "process": self.proc, "node": self.node, "tier": "peer",
+                    "from_node": self.tp.node_of[source[1]], "from_process": source[1],
+                    "bytes": self.nbytes, "start_ns": t0 + self.offset,
+                    "end_ns": t1 + self.offset, "seconds": (t1 - t0) / 1e9,
+                    "verify_s": (now() - t2) / 1e9, "verified": True,
+                    "baseline_s": base / 1e9, "baseline": "plain transfer",
+                    "lost_nodes": sorted(lost)})
+        errors = self.comm.gather(error)
+        first = self.comm.bcast(next((e for e in errors if e), None) if errors else None)
+        if first:
+            self.records = [r for r in self.records if r["type"] != "tier_restore"]
+            raise RunFailed(f"restart (node): {first}", "restore")
+
+    def close(self, ok: bool) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        remove_names(self.server.held)
+        self.server.close()
+        if ok:
+            self.comm.barrier()  # every process's names gone before the directories
+        remove_dirs(self.tp.spec.memory_dir, self.run_id, [self.node])
+
+
+def _check(data: np.ndarray, jobs: list[FileJob], offsets: dict[int, int],
+           expected: dict[int, list[int]], proc: int, tp: TierPlan, holder: int, it: int
+           ) -> str | None:
+    """The first chunk of a fetched replica whose digest differs from the state's, named;
+    None when every chunk matches."""
+    for job in jobs:
+        hasher = ChunkHasher(job.regions)
+        at = offsets[job.index]
+        hasher.update(0, data[at:at + job.size])
+        for region, got, want in zip(job.regions, hasher.digests(), expected[job.index],
+                                     strict=True):
+            if got != want:
+                return (f"checkpoint {it}: the shard of process {proc}: chunk {region.key} in "
+                        f"{job.key} from the replica on node {tp.node_of[holder]} (process "
+                        f"{holder}) differs from the state's digest")
+    return None

@@ -1,0 +1,62 @@
+"""One process's part of a restart scenario (runner.tiers): what serves it, where its
+bytes go, and the clock readings of its rounds, made into its ``tier_restore`` record.
+
+A restart's reads are interleaved with their baselines (A B B A A B, runner.tiers'
+RESTART_ORDER) so that a machine whose load drifts slows both alike; the record keeps
+every round (``rounds_s``, ``baseline_rounds_s``) and their medians (``seconds``,
+``baseline_s``), and the first read's clock readings (``start_ns``, ``end_ns``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ckptbench.runner.tier_storage import StoragePart
+
+
+def _no_rounds() -> dict[str, list[tuple[int, int]]]:
+    return {"read": [], "baseline": []}
+
+
+@dataclass
+class Restart:
+    """One process's restart: `source` (tier, holder process) serves it, None where
+    storage does (the group scenario); `data` is the memory it reads into, allocated
+    before the clock; `state` the state it had (the plain copy's source)."""
+
+    scenario: str
+    it: int
+    lost: set[int]
+    source: tuple[str, int] | None
+    data: np.ndarray
+    state: np.ndarray | None
+    rounds: dict[str, list[tuple[int, int]]] = field(default_factory=_no_rounds)
+    part: StoragePart | None = None  # the group scenario: this process's storage read
+
+    def record(self, node_of: Sequence[int], offset: int, verify_s: float, verified: bool
+               ) -> dict[str, Any]:
+        """The restore record's fields. A shard storage served was checked chunk by
+        chunk against the manifest's digest as the format read it (`verified`: the run's
+        --verify); its seconds include that."""
+        reads = [(b - a) / 1e9 for a, b in self.rounds["read"]]
+        bases = [(b - a) / 1e9 for a, b in self.rounds["baseline"]]
+        first = self.rounds["read"][0]
+        times = {"start_ns": first[0] + offset, "end_ns": first[1] + offset,
+                 "seconds": statistics.median(reads), "rounds_s": reads}
+        if self.source is None:
+            assert self.part is not None
+            return {"tier": "storage", "from_node": None, "from_process": None,
+                    "bytes": self.part.bytes, **times, "verify_s": 0.0, "verified": verified,
+                    "baseline_s": 0.0, "baseline_rounds_s": [], "baseline": None,
+                    "reads": self.part.reads}
+        tier, holder = self.source
+        return {"tier": tier, "from_node": node_of[holder], "from_process": holder,
+                "bytes": len(self.data), **times, "verify_s": verify_s, "verified": True,
+                "baseline_s": statistics.median(bases) if bases else 0.0,
+                "baseline_rounds_s": bases,
+                "baseline": "plain copy" if tier == "memory" else "plain transfer"}
