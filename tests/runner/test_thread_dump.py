@@ -3,36 +3,53 @@ process, and the one line that names the run's own frame each thread was in."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import sysconfig
-import threading
+from pathlib import Path
 
-from ckptbench.runner.thread_dump import format_threads, parse, summarize
+from ckptbench.runner.thread_dump import parse, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _blocked_in_storage(release: threading.Event, inside: threading.Event) -> None:
+BLOCKED = """
+import sys, threading
+from ckptbench.runner.thread_dump import format_threads
+
+def _blocked_in_storage(release, inside):
     inside.set()
     release.wait(30)
 
+release, inside = threading.Event(), threading.Event()
+busy = threading.Thread(target=_blocked_in_storage, args=(release, inside),
+                        name="ckptbench-s3_0", daemon=True)
+idle = threading.Timer(30, lambda: None)  # the standard library's frames only
+busy.start()
+idle.start()
+inside.wait(10)
+print(idle.name)
+print(format_threads())
+release.set()
+idle.cancel()
+"""
 
-def test_the_summary_names_the_frame_each_busy_thread_waits_in() -> None:
-    release, inside = threading.Event(), threading.Event()
-    busy = threading.Thread(target=_blocked_in_storage, args=(release, inside),
-                            name="ckptbench-s3_0", daemon=True)
-    idle = threading.Timer(30, lambda: None)  # the standard library's frames only
-    busy.start()
-    idle.start()
-    try:
-        inside.wait(10)
-        dump = format_threads()
-    finally:
-        release.set()
-        idle.cancel()
+
+def test_the_summary_names_the_frame_each_busy_thread_waits_in(tmp_path: Path) -> None:
+    """In a process of its own: the test process holds other tests' threads, and a
+    summary names the first few of a process's busy threads only."""
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+                         ).stdout
+    idle_name, dump = out.split("\n", 1)
     names = [name for name, _frames in parse(dump)]
-    assert {"ckptbench-s3_0", idle.name, threading.current_thread().name} <= set(names)
+    assert {"ckptbench-s3_0", idle_name, "MainThread"} <= set(names), names
     line = summarize(dump)
-    assert ("ckptbench-s3_0 in _blocked_in_storage (tests/runner/test_thread_dump.py:"
-            in line), line
-    assert "waiting in wait (threading.py:" in line and idle.name not in line, line
+    assert "ckptbench-s3_0 in _blocked_in_storage (" in line and "blocked.py:" in line, line
+    assert "waiting in wait (threading.py:" in line and idle_name not in line, line
 
 
 def test_a_faulthandler_dump_is_read_the_same_way() -> None:
