@@ -22,8 +22,7 @@ cleanup   process 0 deletes the checkpoint unless --keep: the names the run wrot
           directories if that leaves them empty (runner.cleanup)
 
 --mode async runs its own loop (runner.async_mode), handed this module's claim, commit and
-restore (:class:`Iterations`) so that a checkpoint is claimed, committed, restored and
-removed the same way.
+restore (:class:`Iterations`): a checkpoint is claimed, committed, restored, removed alike.
 
 The steps run per checkpoint in turn, or all saves and then all restores (MLPerf Storage
 v2.0's order): runner.sequence.
@@ -98,8 +97,7 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                    watch: StallWatch | None = None, names: RunNames | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails. With a
     `watch`, this process's saves and restores are watched for stalls (runner.stall).
-    `names`: what the run writes (process 0 deletes by them; default: one plan rank a
-    process)."""
+    `names`: what the run writes (process 0 deletes by them; default one plan rank each)."""
     run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
                      names)
     if options.tier_plan is not None and options.mode == "sync":  # tiers (runner.tiers)
@@ -182,8 +180,7 @@ class Iterations:
         _agree(self.comm, decision)
 
     def create(self, name: str) -> None:
-        """Process 0: the run's directory `name`, created exclusively and recorded in the
-        intent before anything is written in it (a cleanup deletes only in those)."""
+        """Process 0: directory `name`, made exclusively, in the intent before any write."""
         ident = self.backend.create_dir(f"{self.options.run_id}/{name}")
         self.made = self.made.made(name, ident)
         if ident is not None and self.recorded:
@@ -225,8 +222,7 @@ class Iterations:
         _agree(comm, decision)
 
     def evict(self, it: int) -> list[str] | None:
-        """Collective: checkpoint `it`'s files out of the caches before it is read again
-        (process 0 gets each process's method)."""
+        """Collective: `it`'s files out of the caches before a read (process 0: the methods)."""
         return _evict(self.fmt, self.jobs(it), self.backend, self.comm, self.options)
 
     def restore(self, it: int) -> None:
