@@ -34,8 +34,12 @@ def async_peer_run(tmp_path: Path, memory_dir: Path, mpi: int = 0) -> list[dict]
     return records(results)
 
 
-def check_background_replication(recs: list[dict], memory_dir: Path) -> None:
+def check_background_replication(recs: list[dict], memory_dir: Path, transport: str,
+                                 progress: str) -> None:
     peer = [r for r in recs if r["type"] == "tier"]
+    # the launcher's transport: MPI's shared memory under mpirun (its requests driven at
+    # the loop's step boundaries: MPI runs funneled), TCP between local processes
+    assert {(r["transport"], r["progress"]) for r in peer} == {(transport, progress)}
     assert {(r["iteration"], r["process"]) for r in peer} == {
         (i, p) for i in (1, 2, 3) for p in range(4)}
     assert all(r["tier"] == "peer" and r["background"] and r["blocking_s"] == 0.0
@@ -60,9 +64,11 @@ def check_background_replication(recs: list[dict], memory_dir: Path) -> None:
 
 def test_replication_in_the_background_of_async_mode(tmp_path: Path, memory_dir: Path
                                                      ) -> None:
-    check_background_replication(async_peer_run(tmp_path, memory_dir), memory_dir)
+    check_background_replication(async_peer_run(tmp_path, memory_dir), memory_dir,
+                                 "tcp-loopback", "thread")
 
 
 @needs_mpi
 def test_replication_in_the_background_under_mpirun(tmp_path: Path, memory_dir: Path) -> None:
-    check_background_replication(async_peer_run(tmp_path, memory_dir, mpi=4), memory_dir)
+    check_background_replication(async_peer_run(tmp_path, memory_dir, mpi=4), memory_dir,
+                                 "mpi-shm", "step boundaries")
