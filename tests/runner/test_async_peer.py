@@ -25,10 +25,11 @@ def memory_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def async_peer_run(tmp_path: Path, memory_dir: Path, mpi: int = 0) -> list[dict]:
+def async_peer_run(tmp_path: Path, memory_dir: Path, mpi: int = 0, *extra: str
+                   ) -> list[dict]:
     results = tmp_path / "r.jsonl"
     args = (str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
-            "--memory-dir", str(memory_dir), *ASYNC)
+            "--memory-dir", str(memory_dir), *ASYNC, *extra)
     proc, _ = mpirun(mpi, *args, timeout=300) if mpi else local(*args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return records(results)
@@ -72,3 +73,12 @@ def test_replication_in_the_background_of_async_mode(tmp_path: Path, memory_dir:
 def test_replication_in_the_background_under_mpirun(tmp_path: Path, memory_dir: Path) -> None:
     check_background_replication(async_peer_run(tmp_path, memory_dir, mpi=4), memory_dir,
                                  "mpi-shm", "step boundaries")
+
+
+@needs_mpi
+def test_under_mpirun_peer_transport_tcp_replicates_from_a_thread(tmp_path: Path,
+                                                                  memory_dir: Path) -> None:
+    """--peer-transport tcp under mpirun: the sockets and a replication thread, as
+    between local processes."""
+    recs = async_peer_run(tmp_path, memory_dir, 4, "--peer-transport", "tcp")
+    check_background_replication(recs, memory_dir, "tcp-loopback", "thread")
