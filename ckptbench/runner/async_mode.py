@@ -258,6 +258,8 @@ class AsyncLoop:
         for _ in range(sched.layers):
             kernel.run(sched.units)
             self._sync()
+            if self.peers is not None:  # a replication posted on MPI driven on
+                self.peers.progress()
 
     def _loop(self, kernel: Kernel, sched: Schedule, total: int, checkpoints: bool
               ) -> tuple[list[int], list[float]]:
@@ -280,7 +282,7 @@ class AsyncLoop:
             time.sleep(POLL_S)
             self._sync()
         if self.peers is not None:  # and one replication: its snapshot is still read
-            waited = waited or (self.peers.thread is not None and self.peers.thread.is_alive())
+            waited = waited or self.peers.busy()
             self.peers.wait()
         t1 = now()
         # Off the clock: the checkpoint's directory is claimed, the persist's threads are

@@ -13,8 +13,12 @@ replaced, its processes fetch their shards of the last checkpoint from their fir
 surviving holders (a plain transfer from the same holder first), and every byte is checked
 against the digests the loop took of the state.
 
-Only the loop's thread talks to the other processes: the replication threads use their
-own sockets.
+The transport is the launcher's (runner.tiers): under mpirun/srun the replicas go by MPI
+point-to-point and no socket is opened. mpi4py runs MPI funneled here (only the loop's
+thread calls it), so, as async checkpointing stacks on MPI do, the sends and receives are
+posted when the checkpoint is taken and the loop drives them on at its step boundaries
+(``MPI_Testall``), where it also sees them complete. Between local processes a thread per
+checkpoint sends over TCP, on sockets of its own.
 """
 
 from __future__ import annotations
@@ -30,8 +34,25 @@ from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.payload import ChunkHasher
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.runner.comm import Comm
-from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
-from ckptbench.runner.tier_store import make_dirs, node_dir, remove_dirs, remove_names, touched
+from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
+from ckptbench.runner.tier_peer import GET, PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_store import (
+    PreparedCopy,
+    make_dirs,
+    node_dir,
+    remove_dirs,
+    remove_names,
+    touched,
+)
+
+
+class _Posted:
+    """One checkpoint's replication posted on MPI: its requests and the replicas they fill."""
+
+    def __init__(self, it: int, t0: int, reqs: list[Any], copies: list[PreparedCopy],
+                 baseline_s: float) -> None:
+        self.it, self.t0, self.reqs, self.copies = it, t0, reqs, copies
+        self.baseline_s = baseline_s
 
 
 class BackgroundReplication:
@@ -44,16 +65,26 @@ class BackgroundReplication:
         self.node = tplan.node_of[self.proc]
         self.nbytes = nbytes
         machine = socket.gethostname()  # reached at the machine's name, as runner.tiers
-        loopback = len(set(everyone(comm, machine))) == 1
+        machines = everyone(comm, machine)
+        loopback = len(set(machines)) == 1
         make_dirs(tplan.spec.memory_dir, run_id, self.node)
-        self.server = PeerServer(node_dir(tplan.spec.memory_dir, run_id, self.node),
-                                 "127.0.0.1" if loopback else "0.0.0.0")
-        me = ("127.0.0.1" if loopback else machine, self.server.port)
-        self.addresses: list[tuple[str, int]] = everyone(comm, me)
-        self.transport = "tcp-loopback" if loopback else "tcp"
+        self.mpi = (MpiPeers(comm) if comm.kind == "mpi" and tplan.spec.peer_transport == "auto"
+                    else None)
+        bind = None if self.mpi is not None else "127.0.0.1" if loopback else "0.0.0.0"
+        self.server = PeerServer(node_dir(tplan.spec.memory_dir, run_id, self.node), bind)
+        self.addresses: list[tuple[str, int]] = []
+        if self.mpi is None:  # no socket under MPI: nothing would connect to it
+            me = ("127.0.0.1" if loopback else machine, self.server.port)
+            self.addresses = everyone(comm, me)
+        self.transport = (node_local(machines) if self.mpi is not None
+                          else "tcp-loopback" if loopback else "tcp")
         self.sizes: list[int] = everyone(comm, nbytes)
         self.plain = touched(max(self.sizes))  # the plain transfers' memory, both ways
         self.server.lend(self.plain)
+        # under MPI, a plain transfer's destination per sender (written off the clock)
+        self.sinks = {p: touched(self.sizes[p]) for p in tplan.held_for(self.proc)
+                      if tplan.holders(p)[0] == self.proc} if self.mpi is not None else {}
+        self.posted: _Posted | None = None
         self.holders = tplan.holders(self.proc)
         self.records: list[dict[str, Any]] = []
         self.thread: threading.Thread | None = None
@@ -67,11 +98,25 @@ class BackgroundReplication:
         for src in self.tp.held_for(self.proc):
             self.server.prepare(src, it, self.sizes[src])
         t0 = now()
-        send(self.addresses[self.holders[0]], SINK, self.proc, it, snapshot)
+        if self.mpi is not None:  # collective: every process sends and sinks at once
+            self.mpi.exchange([(self.holders[0], snapshot)], list(self.sinks.items()),
+                              TAG_PLAIN)
+        else:
+            send(self.addresses[self.holders[0]], SINK, self.proc, it, snapshot)
         return (now() - t0) / 1e9
 
     def start(self, it: int, snapshot: np.ndarray, baseline_s: float) -> None:
-        """The snapshot of checkpoint `it` to every holder at once, in the background."""
+        """The snapshot of checkpoint `it` to every holder at once, in the background
+        (collective under MPI: every process posts its sends and its receives)."""
+        if self.mpi is not None:
+            t0 = now()
+            copies = {p: self.server.take(p, it, self.sizes[p])
+                      for p in self.tp.held_for(self.proc)}
+            reqs = self.mpi.post([(h, snapshot) for h in self.holders],
+                                 [(p, c.view) for p, c in copies.items()], TAG_REPLICA)
+            self.posted = _Posted(it, t0, reqs, list(copies.values()), baseline_s)
+            return
+
         def work() -> None:
             t0 = now()
             try:
@@ -80,24 +125,53 @@ class BackgroundReplication:
             except BaseException as exc:
                 self.error = f"checkpoint {it}: replication: {describe_error(exc)[1]}"
                 return
-            t1 = now()
-            self.records.append({
-                "type": "tier", "tier": "peer", "iteration": it, "process": self.proc,
-                "node": self.node, "bytes": self.nbytes, "start_ns": t0 + self.offset,
-                "end_ns": t1 + self.offset, "blocking_s": 0.0,
-                "replication_s": (t1 - t0) / 1e9, "background": True,
-                "baseline_s": baseline_s, "baseline": "plain transfer",
-                "transport": self.transport, "holders": self.holders,
-                "replicas": len(self.holders)})
+            self._record(it, t0, now(), baseline_s, "thread")
 
         self.thread = threading.Thread(target=work, name=f"replicate-{it}", daemon=True)
         self.thread.start()
+
+    def _record(self, it: int, t0: int, t1: int, baseline_s: float, progress: str) -> None:
+        self.records.append({
+            "type": "tier", "tier": "peer", "iteration": it, "process": self.proc,
+            "node": self.node, "bytes": self.nbytes, "start_ns": t0 + self.offset,
+            "end_ns": t1 + self.offset, "blocking_s": 0.0,
+            "replication_s": (t1 - t0) / 1e9, "background": True,
+            "baseline_s": baseline_s, "baseline": "plain transfer",
+            "transport": self.transport, "progress": progress, "holders": self.holders,
+            "replicas": len(self.holders)})
+
+    def progress(self) -> None:
+        """At a step boundary of the loop: the replication posted on MPI driven on, and
+        its replicas held once every request has completed (nothing for TCP)."""
+        if self.posted is not None and self.mpi is not None and self.mpi.done(self.posted.reqs):
+            self._finish(now())
+
+    def busy(self) -> bool:
+        """Whether a replication is still in flight."""
+        return self.posted is not None or (self.thread is not None and self.thread.is_alive())
+
+    def _finish(self, t1: int) -> None:
+        posted, self.posted = self.posted, None
+        assert posted is not None
+        try:
+            for c in posted.copies:
+                c.commit()  # held only once every byte is in
+        except BaseException as exc:
+            self.error = f"checkpoint {posted.it}: replication: {describe_error(exc)[1]}"
+        finally:
+            for c in posted.copies:
+                c.release()
+        if self.error is None:
+            self._record(posted.it, posted.t0, t1, posted.baseline_s, "step boundaries")
 
     def wait(self) -> None:
         """The replication in flight done (raise when it failed)."""
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        if self.posted is not None and self.mpi is not None:
+            self.mpi.MPI.Request.Waitall(self.posted.reqs)
+            self._finish(now())
         if self.error:
             raise RunFailed(self.error, "peer")
 
@@ -122,25 +196,26 @@ class BackgroundReplication:
         self.comm.barrier()
         base = t0 = t1 = 0
         try:
+            t = now()
+            self._get(it, lost, source, data, plain=True)  # collective under MPI
+            base = now() - t
             if restarted and source is None:
                 raise RunFailed(f"checkpoint {it}: the shard of process {self.proc}: no tier "
                                 f"holds it after losing node(s) {sorted(lost)}", "missing")
-            if source is not None:
-                t = now()
-                fetch(self.addresses[source[1]], self.proc, it, data, SOURCE)
-                base = now() - t
         except BaseException as exc:
             error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
         self.comm.barrier()
-        if error is None and source is not None:
+        if self.mpi is not None or (error is None and source is not None):
             try:
                 t0 = now()
-                if not fetch(self.addresses[source[1]], self.proc, it, data):
+                got = self._get(it, lost, source, data, plain=False)
+                t1 = now()
+                if error is None and source is not None and not got:
                     raise RunFailed(f"checkpoint {it}: the shard of process {self.proc}: its "
                                     f"holder process {source[1]} has no replica", "missing")
-                t1 = now()
             except BaseException as exc:
-                error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+                error = error or (str(exc) if isinstance(exc, RunFailed)
+                                  else describe_error(exc)[1])
         self.comm.barrier()  # every process's bytes in before any checks them
         if error is None and source is not None:
             t2 = now()
@@ -161,9 +236,28 @@ class BackgroundReplication:
             self.records = [r for r in self.records if r["type"] != "tier_restore"]
             raise RunFailed(f"restart (node): {first}", "restore")
 
+    def _get(self, it: int, lost: set[int], source: tuple[str, int] | None,
+             data: np.ndarray, plain: bool) -> bool:
+        """This process's shard of checkpoint `it` from its holder `source` into `data`
+        (`plain`: as many bytes of the holder's plain-transfer memory, the baseline);
+        whether it came. Collective under MPI: every holder serves the processes of the
+        `lost` nodes whose first surviving holder it is."""
+        if self.mpi is not None:
+            serves = [(q, self.plain if plain else self.server.path(q, it), self.sizes[q])
+                      for q in range(len(self.sizes)) if self.tp.node_of[q] in lost
+                      and self.tp.serving_tier(q, lost) == ("peer", self.proc)]
+            return self.mpi.fetch(serves, source[1] if source else None, data)
+        if source is None:
+            return False
+        return fetch(self.addresses[source[1]], self.proc, it, data, SOURCE if plain else GET)
+
     def close(self, ok: bool) -> None:
         if self.thread is not None:
             self.thread.join()
+        if self.posted is not None:  # a failed run: its receives may never complete
+            for c in self.posted.copies:
+                c.abandon()
+            self.posted = None
         remove_names(self.server.held)
         self.server.close()
         if ok:

@@ -9,7 +9,8 @@ count is a C int), then waits for all. Messages between a pair with one tag arri
 the order sent, so one tag per kind of exchange is enough.
 
 mpi4py runs MPI funneled (only the main thread calls it), so every exchange runs on the
-main thread. A restart's fetch tells the receiver first how many bytes the holder has
+main thread; a background replication (runner.async_peer) posts its requests when the
+checkpoint is taken and the training loop tests them at its step boundaries. A restart's fetch tells the receiver first how many bytes the holder has
 (:data:`MISSING` when it holds no replica), then sends them, so a missing replica is an
 answer, never a hang.
 """
@@ -43,12 +44,23 @@ class MpiPeers:
                  recvs: Sequence[tuple[int, np.ndarray]], tag: int) -> None:
         """Collective among the pairs named: every buffer of `recvs` filled from its
         source, every one of `sends` sent to its destination; returns when all are."""
+        self.MPI.Request.Waitall(self.post(sends, recvs, tag))
+
+    def post(self, sends: Sequence[tuple[int, np.ndarray]],
+             recvs: Sequence[tuple[int, np.ndarray]], tag: int) -> list[Any]:
+        """The receives and sends of :meth:`exchange` started, not waited for: the
+        requests to test (:meth:`done`) or wait for (``MPI.Request.Waitall``)."""
         byte = self.MPI.BYTE
         reqs = [self.c.Irecv([p, byte], source=src, tag=tag)
                 for src, buf in recvs for p in _pieces(buf) if p.nbytes]
         reqs += [self.c.Isend([p, byte], dest=dst, tag=tag)
                  for dst, buf in sends for p in _pieces(buf) if p.nbytes]
-        self.MPI.Request.Waitall(reqs)
+        return reqs
+
+    def done(self, reqs: list[Any]) -> bool:
+        """Whether every request has completed (``MPI_Testall``: it also drives them on,
+        as a training loop's step boundary does in async checkpointing)."""
+        return bool(self.MPI.Request.Testall(reqs))
 
     def fetch(self, serves: Sequence[tuple[int, Path | np.ndarray, int]], source: int | None,
               out: np.ndarray) -> bool:

@@ -53,20 +53,23 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 class PeerServer:
     """This process's holder side: replicas in, replicas out, plain transfers discarded."""
 
-    def __init__(self, directory: Path, bind: str = "127.0.0.1") -> None:
+    def __init__(self, directory: Path, bind: str | None = "127.0.0.1") -> None:
+        """`bind` None: no socket (another transport, MPI, carries the bytes; the
+        replicas are still prepared, taken and held here)."""
         self.directory = directory
-        self.sock = socket.create_server((bind, 0))
-        self.port = self.sock.getsockname()[1]
+        self.sock = socket.create_server((bind, 0)) if bind is not None else None
+        self.port = self.sock.getsockname()[1] if self.sock is not None else 0
         self.held: list[Path] = []  # every replica written (removed by name at the end)
         self.errors: list[str] = []
         self.prepared: dict[tuple[int, int], PreparedCopy] = {}
         self.plain = np.empty(0, dtype=np.uint8)  # the plain transfers' memory (lend)
         self._lock = threading.Lock()
         self._stop = False
-        self._thread = threading.Thread(target=self._serve, name="peer-server", daemon=True)
-        self._thread.start()
+        if self.sock is not None:
+            threading.Thread(target=self._serve, name="peer-server", daemon=True).start()
 
     def _serve(self) -> None:
+        assert self.sock is not None
         while not self._stop:
             try:
                 conn, _ = self.sock.accept()
@@ -152,6 +155,8 @@ class PeerServer:
             copy.abandon()
         self.prepared.clear()
         self._stop = True
+        if self.sock is None:
+            return
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()

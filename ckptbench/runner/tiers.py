@@ -151,13 +151,15 @@ class TierRun:
         machines = everyone(self.comm, machine)
         loopback = len(set(machines)) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
-        if self.spec.has("peer"):
+        if self.spec.has("peer") and self.comm.kind == "mpi" \
+                and self.spec.peer_transport == "auto":  # no socket: nothing connects to it
+            self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
+            self.server = PeerServer(self.dir, None)
+        elif self.spec.has("peer"):
             self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
             me = ("127.0.0.1" if loopback else machine, self.server.port)
             self.addresses = everyone(self.comm, me)
             self.transport = "tcp-loopback" if loopback else "tcp"
-            if self.comm.kind == "mpi" and self.spec.peer_transport == "auto":
-                self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
         self.sizes: list[int] = everyone(self.comm, self.nbytes)

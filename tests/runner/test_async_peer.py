@@ -25,17 +25,22 @@ def memory_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def async_peer_run(tmp_path: Path, memory_dir: Path, mpi: int = 0) -> list[dict]:
+def async_peer_run(tmp_path: Path, memory_dir: Path, mpi: int = 0, *extra: str
+                   ) -> list[dict]:
     results = tmp_path / "r.jsonl"
     args = (str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
-            "--memory-dir", str(memory_dir), *ASYNC)
+            "--memory-dir", str(memory_dir), *ASYNC, *extra)
     proc, _ = mpirun(mpi, *args, timeout=300) if mpi else local(*args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return records(results)
 
 
-def check_background_replication(recs: list[dict], memory_dir: Path) -> None:
+def check_background_replication(recs: list[dict], memory_dir: Path, transport: str,
+                                 progress: str) -> None:
     peer = [r for r in recs if r["type"] == "tier"]
+    # the launcher's transport: MPI's shared memory under mpirun (its requests driven at
+    # the loop's step boundaries: MPI runs funneled), TCP between local processes
+    assert {(r["transport"], r["progress"]) for r in peer} == {(transport, progress)}
     assert {(r["iteration"], r["process"]) for r in peer} == {
         (i, p) for i in (1, 2, 3) for p in range(4)}
     assert all(r["tier"] == "peer" and r["background"] and r["blocking_s"] == 0.0
@@ -60,9 +65,20 @@ def check_background_replication(recs: list[dict], memory_dir: Path) -> None:
 
 def test_replication_in_the_background_of_async_mode(tmp_path: Path, memory_dir: Path
                                                      ) -> None:
-    check_background_replication(async_peer_run(tmp_path, memory_dir), memory_dir)
+    check_background_replication(async_peer_run(tmp_path, memory_dir), memory_dir,
+                                 "tcp-loopback", "thread")
 
 
 @needs_mpi
 def test_replication_in_the_background_under_mpirun(tmp_path: Path, memory_dir: Path) -> None:
-    check_background_replication(async_peer_run(tmp_path, memory_dir, mpi=4), memory_dir)
+    check_background_replication(async_peer_run(tmp_path, memory_dir, mpi=4), memory_dir,
+                                 "mpi-shm", "step boundaries")
+
+
+@needs_mpi
+def test_under_mpirun_peer_transport_tcp_replicates_from_a_thread(tmp_path: Path,
+                                                                  memory_dir: Path) -> None:
+    """--peer-transport tcp under mpirun: the sockets and a replication thread, as
+    between local processes."""
+    recs = async_peer_run(tmp_path, memory_dir, 4, "--peer-transport", "tcp")
+    check_background_replication(recs, memory_dir, "tcp-loopback", "thread")
