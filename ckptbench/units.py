@@ -6,7 +6,8 @@ One place for units, so ``--block-size``, ``--checkpoint-size`` and the benchmar
   a bare letter (``4M``, ``512K``: IOR's and fio's spelling) is binary; case does not matter.
   A bare number is in the caller's default unit (bytes for I/O sizes, GB for checkpoint
   sizes).
-* rates: a size per second, ``2TB/s`` or ``2TBps`` (bare number: the default unit per s).
+* rates: a size per second, ``2TB/s`` or ``2TBps`` (bare number: the default unit per s);
+  a link's bandwidth (:func:`parse_bandwidth`) also takes bits: ``400Gb/s``, ``400Gbit/s``.
 * durations: ``ms s min h d`` (and their spelled-out forms); a bare number is in the
   caller's default unit.
 
@@ -92,6 +93,32 @@ def parse_rate(text: str, option: str, default_unit: str = "GB") -> float:
     factor = _size_factor(unit or default_unit.lower(), text, option)
     _positive(value, text, option, f"{default_unit}/s")
     return value * factor
+
+
+_BIT_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def parse_bandwidth(text: str, option: str, default_unit: str = "Gb") -> float:
+    """Bytes per second of a link: ``400Gb/s``, ``400Gbit/s``, ``400Gbps`` (a lowercase b
+    or ``bit``: bits, as networks are quoted), ``50GB/s`` (bytes: as :func:`parse_rate`);
+    a bare number is in `default_unit`/s. The unit's case matters here (b is not B)."""
+    allowed = (f"{option} {text!r}: allowed: a rate > 0 such as 400Gb/s, 3.2Tb/s, 50GB/s (a "
+               f"lowercase b or bit: bits; B: bytes; a bare number: {default_unit}/s)")
+    match = _NUMBER.match(text)
+    if not match or match.group(1).lower() == "inf":
+        raise SpecError(allowed)
+    value = float(match.group(1))
+    unit = (match.group(2).removesuffix("/s").removesuffix("ps")) or default_unit
+    bits = unit[:-3] if unit.lower().endswith("bit") else unit[:-1] if unit.endswith("b") else None
+    if bits is not None and bits.lower() in _BIT_PREFIX:
+        rate = value * _BIT_PREFIX[bits.lower()] / 8
+    elif unit.lower() in SIZE_UNITS:
+        rate = value * SIZE_UNITS[unit.lower()]
+    else:
+        raise SpecError(allowed)
+    if not 0 < rate < math.inf:
+        raise SpecError(allowed)
+    return rate
 
 
 def parse_duration(text: str, option: str, default_unit: str = "s",

@@ -13,6 +13,7 @@ from ckptbench.units import (
     format_rate,
     format_size,
     gbps,
+    parse_bandwidth,
     parse_duration,
     parse_fraction,
     parse_rate,
@@ -152,3 +153,21 @@ def test_format_then_parse_is_the_same_size(nbytes: int) -> None:
 ])
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("text", "rate"), [
+    ("400Gb/s", 50e9), ("400Gbit/s", 50e9), ("400Gbps", 50e9), ("400", 50e9),
+    ("3.2Tb/s", 400e9), ("50GB/s", 50e9), ("100MB/s", 100e6), ("1GiB/s", GIB),
+])
+def test_bandwidths_in_bits_or_bytes(text: str, rate: float) -> None:
+    """A lowercase b (or bit) is bits, as links are quoted; B is bytes, as parse_rate."""
+    assert parse_bandwidth(text, "--x") == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("text", ["0", "-400Gb/s", "fast", "400furlongs", "1e400Gb/s",
+                                  "400Xb/s", "inf"])
+def test_bad_bandwidths_are_one_line(text: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_bandwidth(text, "--x")
+    assert str(err.value).startswith(f"--x {text!r}: allowed: a rate > 0")
+    assert "\n" not in str(err.value)

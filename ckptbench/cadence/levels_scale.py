@@ -22,8 +22,6 @@ measured``) the memory and peer levels are the measured ones exactly.
 
 from __future__ import annotations
 
-import math
-import re
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,7 +35,7 @@ from ckptbench.jobmodel import JobEstimate, measurement_of, workload_of
 from ckptbench.records import read_records
 from ckptbench.report.tiers import LEVELS, SUMMARY, summarize_tiers
 from ckptbench.spec import Workload
-from ckptbench.units import SIZE_UNITS, format_bytes, format_duration, format_rate
+from ckptbench.units import format_bytes, format_duration, format_rate, parse_bandwidth
 
 NODE_NETWORK_BPS = 400e9 / 8  # bytes/s: 400 Gb/s per node
 NODE_NETWORK_SOURCE = (
@@ -48,34 +46,17 @@ NODE_NETWORK_SOURCE = (
 NODE_NETWORK_SHORT = ("the default 400 Gb/s: a node's host network in NVIDIA's HGX reference "
                       "architecture; --node-network")
 MEASURED = "measured"
-_NETWORK = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
-_BIT_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def parse_network(text: str, option: str = "--node-network") -> float | None:
-    """Bytes/s of a node's network: ``400Gb/s``, ``400Gbit/s``, ``3.2Tb/s`` (a lowercase b
-    or bit: bits), ``50GB/s`` (bytes), a bare number in Gb/s; ``measured``: None (the
-    run's own transport)."""
+    """Bytes/s of a node's network (units.parse_bandwidth: a bare number is in Gb/s);
+    ``measured``: None (the run's own transport)."""
     if text.strip().lower() == MEASURED:
         return None
-    allowed = (f"{option} {text!r}: allowed: a rate > 0 such as 400Gb/s, 3.2Tb/s, 50GB/s (a "
-               "lowercase b or bit: bits; B: bytes; a bare number: Gb/s), or 'measured' (the "
-               "run's own transport)")
-    match = _NETWORK.match(text)
-    if not match:
-        raise SpecError(allowed)
-    per_s = match.group(2)
-    unit = per_s[:-2] if per_s.endswith("/s") else per_s[:-2] if per_s.endswith("ps") else per_s
-    value, unit = float(match.group(1)), unit or "Gb"
-    if unit.lower().endswith("bit") or (unit.endswith("b") and unit[:-1].lower() in _BIT_PREFIX):
-        factor = _BIT_PREFIX.get(unit[:-3 if unit.lower().endswith("bit") else -1].lower())
-        rate = None if factor is None else value * factor / 8
-    else:
-        factor_b = SIZE_UNITS.get(unit.lower())
-        rate = None if factor_b is None else value * factor_b
-    if rate is None or not 0 < rate < math.inf:
-        raise SpecError(allowed)
-    return rate
+    try:
+        return parse_bandwidth(text, option)
+    except SpecError as exc:
+        raise SpecError(f"{exc}, or 'measured' (the run's own transport)") from None
 
 
 @dataclass(frozen=True)

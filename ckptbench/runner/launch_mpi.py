@@ -15,7 +15,9 @@ drift), and recorded per node. Each phase starts behind a barrier.
 Failure: an error inside a phase is gathered and decided together (the driver). A
 process that raises anything else reports it and calls MPI_Abort; a process that dies
 makes mpirun end the job (Open MPI does for a non-zero exit; with Slurm use
-``srun --kill-on-bad-exit=1``). Nothing waits forever on a dead peer.
+``srun --kill-on-bad-exit=1``). A rank that is alive but moves no byte (stopped
+included) is found by the stall watch and reported through process 0, which records it
+and ends the job (runner.watch_mpi). Nothing waits forever on a dead peer.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
 from ckptbench.runner.stall import StallWatch
+from ckptbench.runner.thread_dump import DumpFile
+from ckptbench.runner.watch_mpi import (
+    Address,
+    Board,
+    Inbox,
+    report_or_exit,
+    start_guard,
+    stop_guard,
+)
 
 # Environment variables that say "started by an MPI launcher", with the world size.
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -285,17 +296,33 @@ class MPILauncher(Launcher):
             if factor:
                 def scaled(k: int) -> None:
                     progress(int(k * factor))
+        timeout = req.options.stall_timeout
+        inbox = Inbox(sink) if self.root and timeout > 0 else None
+        address = comm.bcast(inbox.address if inbox is not None else None)
+        board, dump = Board(), DumpFile()
+        dump.arm()  # the guard may ask for the dump
         who = f"MPI rank {comm.rank} on {comm.host()}"
-        watch = StallWatch(req.options.stall_timeout, _exit_stalled, who,
-                           dump=_print_threads(who))
+        watch = StallWatch(timeout, _report_stall(address, dump), who, board.publish,
+                           dump.write)
+
+        def moved(n: int) -> None:
+            board.tick(n)
+            if scaled is not None:
+                scaled(n)
+
+        guard = start_guard(board, dump, address, timeout, who)
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
-                           scaled, watch, req.names)
+                           moved, watch, req.names)
         except RunFailed:
             raise
         except BaseException as exc:
             _die(comm, exc)
             raise
+        finally:
+            stop_guard(guard)
+            if inbox is not None:
+                inbox.close()
 
     def end_clock(self, topo: Topology) -> ClockRecord | None:
         if topo.nodes <= 1:
@@ -343,21 +370,12 @@ def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[st
     return {"scheduler": found} if found else {}
 
 
-def _print_threads(who: str) -> Callable[[str], None]:
-    """A stalled rank's thread dump, on its stderr (mpirun/srun collect it; no MPI call:
-    the watchdog is not the main thread)."""
-    def dump(threads: str) -> None:
-        sys.stderr.write(f"{who} stalled; its threads, innermost call first:\n"
-                         f"{threads.rstrip()}\n")
-    return dump
-
-
-def _exit_stalled(message: str) -> None:
-    """A stalled rank prints why and exits: only the main thread may call MPI (funneled),
-    and a rank that exits makes mpirun/srun end the job (no hang)."""
-    sys.stderr.write(f"ckptbench: error: {message}\n")
-    sys.stderr.flush()
-    os._exit(1)
+def _report_stall(address: Address | None, dump: DumpFile) -> Callable[[str], None]:
+    """A rank that sees its own stall sends it, with its thread dump, to process 0, which
+    records it and ends the job (runner.watch_mpi); only the main thread may call MPI."""
+    def stalled(message: str) -> None:
+        report_or_exit(address, message, dump.read())
+    return stalled
 
 
 def _die(comm: MPIComm, exc: BaseException) -> None:

@@ -6,14 +6,15 @@ object store behind a proxy that holds connections open). So every process watch
 itself: while its format saves or restores (the only time it has bytes to move), each
 block, chunk or part it moves resets a clock, and a watchdog thread that sees the clock
 pass ``--stall-timeout`` ends the process through the launcher's ``on_stall`` (local
-processes: report to the parent and exit; MPI ranks: print and exit, which ends the
-job). Waiting for the other processes (barriers, gathers) does not count as stalling:
+processes: report to the parent and exit; MPI ranks: report to MPI process 0, which
+records it and ends the job: runner.watch_mpi). Waiting for the other processes (barriers, gathers) does not count as stalling:
 a process that finished its share waits for the slowest one, which watches itself.
 
 A process that is stopped (SIGSTOP, a frozen cgroup) cannot watch itself: its watchdog
 stops with it. So the watch also publishes whether it expects bytes (`publish`: what is
 watched, or None while disarmed or waiting for peers), and the local launcher's parent
-watches those ranks' progress counters from outside (runner.launch_local).
+watches those ranks' progress counters from outside (runner.launch_local; under MPI each
+rank's guard process: runner.watch_mpi).
 
 When it fires, the message names what each thread of the process was waiting on, and the
 whole thread dump goes to `dump` (runner.thread_dump): a stall is a bug report, not a guess.

@@ -107,21 +107,26 @@ class DumpFile:
     """An unlinked file a rank dumps its threads into on DUMP_SIGNAL (made by the parent
     before the fork, so both hold it; it disappears with the last descriptor)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fd: int | None = None) -> None:
+        """A new file, or the one open at `fd` (a guard process's: runner.watch_mpi)."""
         # held open for the run's length, closed by close(): not a with-block's file
-        self._file = tempfile.TemporaryFile(prefix="ckptbench-threads-")  # noqa: SIM115
+        self._file = tempfile.TemporaryFile(prefix="ckptbench-threads-") \
+            if fd is None else open(fd, "r+b", buffering=0, closefd=False)  # noqa: SIM115
+
+    def fileno(self) -> int:
+        return self._file.fileno()
 
     def arm(self) -> None:
         """In the rank: DUMP_SIGNAL writes every thread's stack here (from C)."""
-        faulthandler.register(DUMP_SIGNAL, file=self._file.fileno(), all_threads=True,
+        faulthandler.register(DUMP_SIGNAL, file=self.fileno(), all_threads=True,
                               chain=False)
 
     def write(self, text: str) -> None:
         """In the rank: its own dump (runner.stall's watchdog)."""
-        os.write(self._file.fileno(), text.encode(errors="replace"))
+        os.write(self.fileno(), text.encode(errors="replace"))
 
     def read(self) -> str:
-        return os.pread(self._file.fileno(), DUMP_BYTES, 0).decode(errors="replace")
+        return os.pread(self.fileno(), DUMP_BYTES, 0).decode(errors="replace")
 
     def request(self, pid: int) -> str:
         """In the parent: the rank's dump, asked for with DUMP_SIGNAL unless it already

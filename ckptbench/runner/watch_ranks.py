@@ -38,8 +38,11 @@ def stopped(pid: int) -> bool:
 class RankWatch:
     """Checks, from the parent's loop, every rank's progress against `timeout` (0: off)."""
 
-    def __init__(self, pids: list[int], ranks: list[int], timeout: float) -> None:
+    def __init__(self, pids: list[int], ranks: list[int], timeout: float,
+                 names: list[str] | None = None) -> None:
+        """`names`: what the messages call each process ("rank N" by default)."""
         self.pids, self.ranks, self.timeout = pids, ranks, timeout
+        self.names = names or [f"rank {r}" for r in ranks]
         now = time.monotonic()
         self._last = [-1] * len(pids)
         self._since = [now] * len(pids)
@@ -65,7 +68,7 @@ class RankWatch:
                 self._stopped_since[i] = None
             elif self._stopped_since[i] is None:
                 self._stopped_since[i] = now
-            who = f"rank {self.ranks[i]}"
+            who = self.names[i]
             # a running rank's own watch reports first (its threads named): a moment's grace
             grace = 0.0 if is_stopped else SELF_REPORT_S
             if what and now - self._since[i] >= self.timeout + grace:
