@@ -31,6 +31,7 @@ import mmap
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -38,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tier_speed import at_once
 
 HUGE = 2 << 20
 LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -104,7 +109,8 @@ def _time_steps(steps: dict[str, Callable[[], None]], rounds: int, bar: Any,
     return times
 
 
-def _worker(i: int, nbytes: int, rounds: int, bar: Any, q: Any, pid: int, addr: int) -> None:
+def _worker(i: int, nbytes: int, rounds: int, pid: int, addr: int, bar: Any, q: Any
+            ) -> None:
     src = np.empty(nbytes, np.uint8)  # the state, as numpy allocates it
     src[:] = np.frombuffer(np.random.default_rng(i).bytes(nbytes), np.uint8)
     dst = np.empty(nbytes, np.uint8)
@@ -161,19 +167,11 @@ def probe(processes: int, nbytes: int, rounds: int) -> dict[str, float]:
         pipes.append(mine)
         agents.append(a)
     where = [p.recv() for p in pipes]
-    bar = mp.Barrier(processes)
-    q: Any = mp.Queue()
-    procs = [mp.Process(target=_worker, args=(i, nbytes, rounds, bar, q, *where[i]))
-             for i in range(processes)]
-    for p in procs:
-        p.start()
-    got = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
+    med = at_once(_worker, [(i, nbytes, rounds, *where[i]) for i in range(processes)])
     for c, a in zip(pipes, agents, strict=True):
         c.send(None)
         a.join()
-    return {n: statistics.median(g[n] for g in got) for n in got[0]}
+    return med
 
 
 def main() -> None:
