@@ -99,7 +99,7 @@ def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, ta
             "storage_s": storage["seconds"]}
 
 
-def _probe_one(i: int, nbytes: int, bar: Any, q: Any, repeat: int) -> None:
+def _probe_one(i: int, nbytes: int, repeat: int, bar: Any, q: Any) -> None:
     src = np.empty(nbytes, np.uint8)
     src.fill(i)
     dst = np.empty(nbytes, np.uint8)
@@ -134,17 +134,22 @@ def _probe_one(i: int, nbytes: int, bar: Any, q: Any, repeat: int) -> None:
     q.put({k: statistics.median(v) for k, v in out.items()})
 
 
-def probe(processes: int, nbytes: int, repeat: int = 5) -> dict[str, float]:
-    """Median over processes of each one's median seconds, `processes` at once."""
-    bar, q = mp.Barrier(processes), mp.Queue()
-    procs = [mp.Process(target=_probe_one, args=(i, nbytes, bar, q, repeat))
-             for i in range(processes)]
+def at_once(target: Any, args: list[tuple[Any, ...]]) -> dict[str, float]:
+    """`target(*args[i], barrier, queue)` in a process each, at once; the median over the
+    processes of each name's seconds that each put on the queue."""
+    bar, q = mp.Barrier(len(args)), mp.Queue()
+    procs = [mp.Process(target=target, args=(*a, bar, q)) for a in args]
     for p in procs:
         p.start()
     got = [q.get() for _ in procs]
     for p in procs:
         p.join()
     return {k: statistics.median(g[k] for g in got) for k in got[0]}
+
+
+def probe(processes: int, nbytes: int, repeat: int = 5) -> dict[str, float]:
+    """Median over processes of each one's median seconds, `processes` at once."""
+    return at_once(_probe_one, [(i, nbytes, repeat) for i in range(processes)])
 
 
 def _f(x: float) -> str:
