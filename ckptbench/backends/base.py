@@ -8,7 +8,8 @@ handles' write, sync and readinto, delete by name, list names. Everything else
 marker, the run directories) that a backend may override for speed, and optional
 capabilities, each a protocol a backend has by defining its methods: N-1 writes
 (:class:`SharedFileWrites`), :class:`Striping`, :class:`PlannedReads`, page-cache control
-(:class:`PageCacheControl`, :class:`HostCacheControl`). A run that needs one the backend
+(:class:`PageCacheControl`, :class:`HostCacheControl`), :class:`UnfinishedUploads`,
+:class:`TransferBuffers`. A run that needs one the backend
 lacks is refused in one line before anything is created (:meth:`Backend.check_run`).
 """
 
@@ -151,6 +152,40 @@ class HostCacheControl(Protocol):
         """Drop the host's caches; say if it worked (after drop_cache said 'fadvise')."""
 
 
+@runtime_checkable
+class UnfinishedUploads(Protocol):
+    """Uploads that stay pending when their writer dies (S3 multipart uploads): counted
+    and aborted by key, in a cleanup. A store without them has nothing to abort."""
+
+    def pending_uploads(self, keys: Sequence[str]) -> int | None:
+        """How many unfinished uploads these keys have (reported before they are aborted);
+        None when the store cannot say (then some may be left)."""
+
+    def abort_uploads(self, keys: Sequence[str]) -> int:
+        """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
+        how many."""
+
+
+@runtime_checkable
+class TransferBuffers(Protocol):
+    """Memory a backend's transfers hold besides the runner's buffers (a store's upload
+    parts and read-ahead ranges)."""
+
+    def buffer_bytes(self) -> int:
+        """The most such memory one process holds, counted in the run's memory bound
+        before it starts."""
+
+    def warm_reads(self) -> None:
+        """Allocate and touch, in this process, the memory its reads will land in, before
+        a restore's clock starts, as the runner's own buffers are: a restore times the
+        store, not first-touch page faults (slow on a VM that hands free pages back)."""
+
+
+def buffer_bytes_of(backend: Backend) -> int:
+    """The transfer memory `backend` holds per process (TransferBuffers), else 0."""
+    return backend.buffer_bytes() if isinstance(backend, TransferBuffers) else 0
+
+
 def capabilities_of(cls: type[Backend]) -> dict[str, bool]:
     """What a backend class can do, as ``ckptbench backends`` lists it."""
     return {"shared_file": issubclass(cls, SharedFileWrites),
@@ -272,19 +307,6 @@ class Backend(ABC):
     def open_read(self, key: str) -> ReadHandle:
         """A handle reading `key`; FileNotFoundError if it is absent."""
 
-    def buffer_bytes(self) -> int:
-        """The most memory one process's transfers hold besides the runner's buffers (a
-        store's upload parts and read-ahead), counted in the run's memory bound before it
-        starts. Default: none."""
-        return 0
-
-    def warm_reads(self) -> None:
-        """Allocate and touch, in this process, the memory its reads will land in (a
-        store's read-ahead buffers), before a restore's clock starts, as the runner's own
-        buffers are: a restore times the store, not first-touch page faults (slow on a VM
-        that hands free pages back to its host). Default: nothing to warm."""
-        return None
-
     # Small objects (the manifest, the target marker), built on the core; a backend may
     # override them for speed or for a stronger commit (a rename).
     def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
@@ -361,16 +383,6 @@ class Backend(ABC):
         """Delete these files or objects (written by this run; absent ones are fine). Best
         effort, like a cleanup on the way out: failures are counted, never raised. A run
         deletes what it wrote by name, never by listing a prefix."""
-
-    def abort_uploads(self, keys: Sequence[str]) -> int:
-        """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
-        how many. Stores without them: 0."""
-        return 0
-
-    def pending_uploads(self, keys: Sequence[str]) -> int | None:
-        """How many unfinished uploads these keys have (reported before they are aborted);
-        None when the store cannot say (then some may be left)."""
-        return 0
 
     def remove_dir(self, key: str) -> None:
         """Remove directory `key` if it is empty (else leave it); stores without

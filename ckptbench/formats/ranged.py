@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ckptbench.backends.base import PlannedReads, ReadHandle
+from ckptbench.backends.base import PlannedReads, ReadHandle, TransferBuffers
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import (
     ChunkRead,
@@ -161,7 +161,8 @@ class RangedRestore(FormatBase):
                  for _ in groups]
         for ring in rings:
             ring.touch()
-        self.backend.warm_reads()
+        if isinstance(self.backend, TransferBuffers):
+            self.backend.warm_reads()
         self.group.barrier()
         if planned is None:
             manifest, span = self.read_manifest(manifest_key, jobs)
