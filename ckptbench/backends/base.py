@@ -2,11 +2,14 @@
 
 Keys are '/'-separated paths relative to the target. A backend never times itself or
 prints: the runner owns the clock and wraps each call (open, write, sync, close, read).
-A backend is a small core (the abstract methods of :class:`Backend`: the target, open
-for write and read, small atomic objects, delete and list by name) plus optional
+A backend is a small core, the abstract methods: open a key for write and for read, the
+handles' write, sync and readinto, delete by name, list names. Everything else
+:class:`Backend` has a default built on that core (small atomic objects, the target
+marker, the run directories) that a backend may override for speed, and optional
 capabilities, each a protocol a backend has by defining its methods: N-1 writes
 (:class:`SharedFileWrites`), :class:`Striping`, :class:`PlannedReads`, page-cache control
-(:class:`PageCacheControl`, :class:`HostCacheControl`). A run that needs one the backend
+(:class:`PageCacheControl`, :class:`HostCacheControl`), :class:`UnfinishedUploads`,
+:class:`TransferBuffers`. A run that needs one the backend
 lacks is refused in one line before anything is created (:meth:`Backend.check_run`).
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -148,6 +152,40 @@ class HostCacheControl(Protocol):
         """Drop the host's caches; say if it worked (after drop_cache said 'fadvise')."""
 
 
+@runtime_checkable
+class UnfinishedUploads(Protocol):
+    """Uploads that stay pending when their writer dies (S3 multipart uploads): counted
+    and aborted by key, in a cleanup. A store without them has nothing to abort."""
+
+    def pending_uploads(self, keys: Sequence[str]) -> int | None:
+        """How many unfinished uploads these keys have (reported before they are aborted);
+        None when the store cannot say (then some may be left)."""
+
+    def abort_uploads(self, keys: Sequence[str]) -> int:
+        """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
+        how many."""
+
+
+@runtime_checkable
+class TransferBuffers(Protocol):
+    """Memory a backend's transfers hold besides the runner's buffers (a store's upload
+    parts and read-ahead ranges)."""
+
+    def buffer_bytes(self) -> int:
+        """The most such memory one process holds, counted in the run's memory bound
+        before it starts."""
+
+    def warm_reads(self) -> None:
+        """Allocate and touch, in this process, the memory its reads will land in, before
+        a restore's clock starts, as the runner's own buffers are: a restore times the
+        store, not first-touch page faults (slow on a VM that hands free pages back)."""
+
+
+def buffer_bytes_of(backend: Backend) -> int:
+    """The transfer memory `backend` holds per process (TransferBuffers), else 0."""
+    return backend.buffer_bytes() if isinstance(backend, TransferBuffers) else 0
+
+
 def capabilities_of(cls: type[Backend]) -> dict[str, bool]:
     """What a backend class can do, as ``ckptbench backends`` lists it."""
     return {"shared_file": issubclass(cls, SharedFileWrites),
@@ -196,6 +234,7 @@ class Backend(ABC):
                                f"allowed: {self.Options.__name__}")
         self.options = options
         self.hints = hints or IOHints()
+        self.marked = False  # the default prepare() put the target marker there
 
     # --- what a run needs ---
     def check_run(self, shared_file: bool, restore: bool, processes: int,
@@ -220,15 +259,25 @@ class Backend(ABC):
                                "(--ranks N), or one MPI process")
 
     # --- the target ---
-    @abstractmethod
     def prepare(self) -> None:
         """Check the target is usable and ours (or new/empty, then mark it); else raise
-        BackendError naming the target and what is allowed."""
+        BackendError naming the target and what is allowed. Default, on the core alone: a
+        target holding the marker is ours; one holding anything else is refused; an empty
+        one gets the marker."""
+        if self.exists(TARGET_MARKER):
+            return
+        found = self.list_names("", 1)
+        if found:
+            raise foreign_target_error(self.target, found[0])
+        self.put_atomic(TARGET_MARKER, marker_bytes(created_target=True))
+        self.marked = True
 
-    @abstractmethod
     def release(self) -> None:
         """Undo prepare(): remove the target marker (and the target) if ckptbench created
-        the target and nothing else is left in it."""
+        the target and nothing else is left in it. Default: the marker, by name."""
+        if self.marked and set(self.list_names("", 2)) <= {TARGET_MARKER}:
+            self.delete([TARGET_MARKER])
+            self.marked = False
 
     def cleaning_up(self, unresponsive: bool) -> None:
         """The run ended on this process: what it calls from now on is cleanup, bounded
@@ -251,36 +300,59 @@ class Backend(ABC):
 
     # --- data ---
     @abstractmethod
-    def open_write(self, key: str, size: int) -> WriteHandle: ...
+    def open_write(self, key: str, size: int) -> WriteHandle:
+        """A handle writing the new object `key` of `size` bytes (never an existing one)."""
 
     @abstractmethod
-    def open_read(self, key: str) -> ReadHandle: ...
+    def open_read(self, key: str) -> ReadHandle:
+        """A handle reading `key`; FileNotFoundError if it is absent."""
 
-    def buffer_bytes(self) -> int:
-        """The most memory one process's transfers hold besides the runner's buffers (a
-        store's upload parts and read-ahead), counted in the run's memory bound before it
-        starts. Default: none."""
-        return 0
-
-    def warm_reads(self) -> None:
-        """Allocate and touch, in this process, the memory its reads will land in (a
-        store's read-ahead buffers), before a restore's clock starts, as the runner's own
-        buffers are: a restore times the store, not first-touch page faults (slow on a VM
-        that hands free pages back to its host). Default: nothing to warm."""
-        return None
-
-    @abstractmethod
+    # Small objects (the manifest, the target marker), built on the core; a backend may
+    # override them for speed or for a stronger commit (a rename).
     def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
         """Write a small object so that readers see all of it or nothing (the manifest).
         Where a rename commits the bytes written, the clock reading (perf_counter_ns)
-        when the rename began; None where one request writes and commits (a PUT)."""
+        when the rename began; None where one request writes and commits (a PUT).
+        Default: one open_write, written whole and synced (all or nothing where, as on an
+        object store, an object appears when its write is synced)."""
+        size = len(data)
+        align = max(1, self.alignment)
+        buf = _aligned(-(-size // align) * align)
+        buf[:size] = memoryview(data).cast("B")
+        h = self.open_write(key, size)
+        try:
+            if size:
+                h.write(buf)
+            h.sync()
+        except BaseException:
+            h.abort()
+            raise
+        h.close()
+        return None
 
-    @abstractmethod
     def get(self, key: str) -> bytes:
-        """Read a small object whole; FileNotFoundError if absent."""
+        """Read a small object whole; FileNotFoundError if absent. Default: open_read (which
+        raises FileNotFoundError for an absent key) and readinto to the end."""
+        chunk = max(SMALL_READ, self.alignment)
+        buf = _aligned(chunk)
+        out = bytearray()
+        h = self.open_read(key)
+        try:
+            while True:
+                n = h.readinto(len(out), buf)
+                out += buf[:n]
+                if n < chunk:
+                    return bytes(out)
+        finally:
+            h.close()
 
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
+    def exists(self, key: str) -> bool:
+        """Whether `key` is there. Default: get() finds it (small objects only)."""
+        try:
+            self.get(key)
+        except FileNotFoundError:
+            return False
+        return True
 
     # --- what a run made, by name: a listing never decides what is deleted ---
     def create_dir(self, key: str) -> Identity | None:
@@ -312,16 +384,6 @@ class Backend(ABC):
         effort, like a cleanup on the way out: failures are counted, never raised. A run
         deletes what it wrote by name, never by listing a prefix."""
 
-    def abort_uploads(self, keys: Sequence[str]) -> int:
-        """Abort unfinished uploads of these keys (multipart uploads of a killed writer);
-        how many. Stores without them: 0."""
-        return 0
-
-    def pending_uploads(self, keys: Sequence[str]) -> int | None:
-        """How many unfinished uploads these keys have (reported before they are aborted);
-        None when the store cannot say (then some may be left)."""
-        return 0
-
     def remove_dir(self, key: str) -> None:
         """Remove directory `key` if it is empty (else leave it); stores without
         directories: nothing to do."""
@@ -329,13 +391,16 @@ class Backend(ABC):
 
     @abstractmethod
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        """Up to `limit` files or objects under `prefix/` (relative to the target), for
-        reporting what is left there; never used to decide what to delete."""
+        """Up to `limit` files or objects under `prefix/` (relative to the target; '' is the
+        whole target), for reporting what is left there and for the default prepare();
+        never used to decide what to delete."""
 
     def run_dirs(self) -> list[str]:
         """The directories (key prefixes) at the top of the target: where a later run looks
-        for what an interrupted run left."""
-        return []
+        for what an interrupted run left. Default: the first parts of the names listed in
+        the whole target (up to RUN_DIRS_LISTED of them)."""
+        return sorted({n.split("/", 1)[0] for n in self.list_names("", RUN_DIRS_LISTED)
+                       if "/" in n})
 
     # --- what is recorded ---
     def stats(self) -> dict[str, int]:
@@ -362,6 +427,15 @@ class Backend(ABC):
     def details(self) -> dict[str, Any]:
         """Backend-specific facts for describe() (file system, endpoint, versions...)."""
         return {}
+
+
+SMALL_READ = 1 << 20  # the default get()'s read size
+RUN_DIRS_LISTED = 1 << 16  # the names the default run_dirs() looks at
+
+
+def _aligned(n: int) -> memoryview:
+    """Page-aligned writable memory (direct I/O's buffers must be aligned)."""
+    return memoryview(mmap.mmap(-1, max(n, mmap.PAGESIZE)))[:n]
 
 
 def marker_bytes(created_target: bool = False, created_parents: int = 0) -> bytes:

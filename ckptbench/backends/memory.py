@@ -163,11 +163,8 @@ class MemoryBackend(Backend):
                 objects.pop(key, None)
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        base = prefix.strip("/") + "/"
+        base = prefix.strip("/") + "/" if prefix.strip("/") else ""  # "": the whole target
         return sorted(k for k in self.objects if k.startswith(base))[:limit]
-
-    def run_dirs(self) -> list[str]:
-        return sorted({k.split("/", 1)[0] for k in self.objects if "/" in k})
 
     def details(self) -> dict[str, Any]:
         return {"kept": "in this process's memory (one process: one rank or one MPI process)",

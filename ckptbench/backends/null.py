@@ -101,7 +101,7 @@ class NullBackend(Backend):
             self._small.pop(key, None)
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        base = prefix.strip("/") + "/"
+        base = prefix.strip("/") + "/" if prefix.strip("/") else ""  # "": the whole target
         return sorted(k for k in self._small if k.startswith(base))[:limit]
 
     def stats(self) -> dict[str, int]:

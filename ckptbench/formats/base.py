@@ -36,7 +36,7 @@ import numpy as np
 from ckptbench.backends import Backend
 from ckptbench.errors import SpecError, VerificationError
 from ckptbench.formats.codecs import CodecSpec
-from ckptbench.formats.manifest import Manifest, read_manifest_bytes
+from ckptbench.formats.manifest import Digested, Manifest, read_manifest_bytes
 from ckptbench.payload import PayloadGenerator, Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.files import RegionLayout, plan_layout
@@ -200,7 +200,7 @@ class PlannedRestore:
     manifest does not list."""
 
     ranks: list[int]
-    fill_ins: dict[str, Any] = field(default_factory=dict)
+    fill_ins: dict[str, Digested] = field(default_factory=dict)
 
 
 @dataclass

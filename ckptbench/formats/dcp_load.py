@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ import numpy as np
 from ckptbench.errors import SpecError
 from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes
+from ckptbench.formats.manifest import Digested
 from ckptbench.formats.ranged import restore_positions
 from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
@@ -161,7 +162,7 @@ def _box(lo: list[int], hi: list[int], origin: tuple[int, ...]) -> tuple[Any, ..
 
 def verify_pieces(plan: Plan, gen: PayloadGenerator, jobs: list[FileJob],
                   held: dict[int, tuple[tuple[int, ...], np.ndarray]],
-                  expected: dict[str, Any], where: str) -> list[str]:
+                  expected: Mapping[str, Digested], where: str) -> list[str]:
     """Mismatches between the pieces loaded and the saved chunks the jobs read (their
     manifest digests, then every overlap byte for byte)."""
     out: list[str] = []

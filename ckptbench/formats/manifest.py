@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict, TypeGuard
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from ckptbench.plan.files import RegionLayout, plan_layout
 if TYPE_CHECKING:
     from ckptbench.formats.base import FileJob
 
-__all__ = ["READ_BLOCK", "CommitTimes", "Manifest", "ManifestWriter", "encode_members",
+__all__ = ["READ_BLOCK", "CommitTimes", "Digested", "FileEntry", "Manifest", "ManifestWriter", "encode_members",
            "manifest_bytes", "manifest_files", "read_manifest_bytes"]
 
 
@@ -48,16 +48,35 @@ def _one_line(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _an_int(value: Any) -> bool:
+class Digested(TypedDict):
+    """What a restore verifies a file against: one xxh3 digest per chunk, in file order
+    (all a fill-in's entry holds)."""
+
+    digests: list[int]
+
+
+class FileEntry(Digested):
+    """A file's entry in the manifest's "files" (keyed by its path, or ``path#rank`` for
+    a rank's region of a shared file)."""
+
+    rank: int
+    size: int
+    chunks: list[list[str | int]]  # [state key, offset in the file, bytes], one per digest
+    path: NotRequired[str]  # a region of a shared file: that file
+    offset: NotRequired[int]  # where the region starts in it
+    file_size: NotRequired[int]  # the shared file's size
+
+
+def _an_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_int(value: Any, minimum: int = 0) -> bool:
-    return _an_int(value) and bool(value >= minimum)
+def _is_int(value: object, minimum: int = 0) -> bool:
+    return _an_int(value) and value >= minimum
 
 
 # The fields `ckptbench restore` uses of a kept checkpoint: (field, check, what is allowed).
-_KEPT_FIELDS: list[tuple[str, Callable[[Any], bool], str]] = [
+_KEPT_FIELDS: list[tuple[str, Callable[[object], bool], str]] = [
     ("files", lambda v: isinstance(v, dict), "an object of file entries"),
     ("ranks", lambda v: isinstance(v, list) and bool(v) and all(_is_int(r) for r in v),
      "a non-empty list of the ranks that wrote (integers >= 0)"),
@@ -89,8 +108,9 @@ class Manifest(Mapping[str, Any]):
         return len(self.fields)
 
     @property
-    def files(self) -> dict[str, Any]:
-        files: dict[str, Any] = self.fields["files"]
+    def files(self) -> dict[str, FileEntry]:
+        """Its file entries (as decoded: covers() checks them before a restore trusts them)."""
+        files: dict[str, FileEntry] = self.fields["files"]
         return files
 
     @property
@@ -232,7 +252,7 @@ class Manifest(Mapping[str, Any]):
                                      "or older manifest); the checkpoint is not restored")
 
 
-def _uncovered(chunks: Any, job: FileJob) -> str | None:
+def _uncovered(chunks: object, job: FileJob) -> str | None:
     """The first chunk the job reads that the manifest entry's 'chunks' ([key, offset,
     bytes] in file order, one per digest) does not list where its digest is; None when
     every read is covered."""
@@ -249,19 +269,19 @@ def _uncovered(chunks: Any, job: FileJob) -> str | None:
 
 
 def manifest_files(plan: Plan, checkpoint: str, digests: Mapping[int, list[int]],
-                   layout: RegionLayout | None = None) -> dict[str, Any]:
+                   layout: RegionLayout | None = None) -> dict[str, FileEntry]:
     """The manifest's "files": one entry per file, or per rank's region of a shared file
     (named key#rank, with the path, the offset and the whole file's size)."""
     layout = layout or plan_layout(plan)
     names = [k.name for k in plan.keys]
-    out: dict[str, Any] = {}
+    out: dict[str, FileEntry] = {}
     for f, d in sorted(digests.items()):
         path, rank = plan.file_paths[f], int(plan.file_rank[f])
         key = f"{checkpoint}/{path}"
         span = plan.chunks_of_file(f)
         nbytes = plan.chunk_nbytes[span.start:span.stop]
         kept = nbytes > 0  # the file's non-empty chunks, from the plan's columns at once
-        entry: dict[str, Any] = {
+        entry: FileEntry = {
             "rank": rank,
             "size": int(plan.file_bytes[f]),
             "chunks": [[names[k], o, n] for k, o, n in zip(
@@ -271,7 +291,8 @@ def manifest_files(plan: Plan, checkpoint: str, digests: Mapping[int, list[int]]
             "digests": d,
         }
         if layout.is_shared(path):
-            entry.update(path=key, offset=int(layout.base[f]), file_size=layout.shared_size[path])
+            entry["path"], entry["offset"] = key, int(layout.base[f])
+            entry["file_size"] = layout.shared_size[path]
             key = f"{key}#{rank}"
         out[key] = entry
     return out

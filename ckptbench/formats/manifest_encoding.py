@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ MAX_MANIFEST_BYTES = 16 << 30
 MAX_MANIFEST_JSON_BYTES = 2 << 30
 
 
-def _pieces(manifest: dict[str, Any], size: int, files: list[bytes] | None = None
+def _pieces(manifest: Mapping[str, object], size: int, files: list[bytes] | None = None
             ) -> list[bytes]:
     """The manifest's JSON line (newline included) in pieces, with ``size`` last: the
     total, at least `size` bytes; one ``json.dumps`` whatever the size's digits. `files`:
@@ -59,17 +59,17 @@ def _pieces(manifest: dict[str, Any], size: int, files: list[bytes] | None = Non
     return [*out, str(total).encode(), b"}\n"]
 
 
-def _body(manifest: dict[str, Any], size: int, files: list[bytes] | None = None) -> bytes:
+def _body(manifest: Mapping[str, object], size: int, files: list[bytes] | None = None) -> bytes:
     """The manifest's JSON (:func:`_pieces`, joined, without the newline)."""
     return b"".join(_pieces(manifest, size, files))[:-1]
 
 
-def encode_members(members: dict[str, Any]) -> bytes:
+def encode_members(members: Mapping[str, object]) -> bytes:
     """An object's members as JSON without the braces (a piece of :func:`_body`'s files)."""
     return json.dumps(members).encode()[1:-1]
 
 
-def encode_manifest(manifest: dict[str, Any], size: int) -> bytes:
+def encode_manifest(manifest: Mapping[str, object], size: int) -> bytes:
     """The manifest's bytes: JSON, a newline, padding; at least `size` bytes in all. The
     JSON's ``size`` field is the total."""
     body = _body(manifest, size)
@@ -124,7 +124,7 @@ class ManifestWriter:
                 _fill(self._buf, 0)
                 self._head = 0
 
-    def commit(self, backend: Backend, key: str, manifest: dict[str, Any],
+    def commit(self, backend: Backend, key: str, manifest: Mapping[str, object],
                files: list[bytes] | None = None) -> CommitTimes:
         """Encode `manifest` (with `files`, its "files" encoded in pieces, when given) and
         put it atomically at `key`; the clock readings of each part (the backend's error
@@ -137,7 +137,7 @@ class ManifestWriter:
             t2 = time.perf_counter_ns()
         return CommitTimes(t0, t1, renamed if renamed is not None else t2, t2)
 
-    def _encode(self, manifest: dict[str, Any], files: list[bytes] | None
+    def _encode(self, manifest: Mapping[str, object], files: list[bytes] | None
                 ) -> bytes | memoryview:
         pieces = _pieces(manifest, self.size, files)
         line = sum(len(x) for x in pieces)

@@ -14,11 +14,12 @@ file.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
-from ckptbench.backends.base import PlannedReads, ReadHandle
+from ckptbench.backends.base import PlannedReads, ReadHandle, TransferBuffers
 from ckptbench.errors import VerificationError
 from ckptbench.formats.base import (
     ChunkRead,
@@ -31,7 +32,7 @@ from ckptbench.formats.base import (
     round_up,
 )
 from ckptbench.formats.fill_ins import FillIns, restoring_ranks
-from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.manifest import Digested, Manifest
 from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
@@ -160,12 +161,13 @@ class RangedRestore(FormatBase):
                  for _ in groups]
         for ring in rings:
             ring.touch()
-        self.backend.warm_reads()
+        if isinstance(self.backend, TransferBuffers):
+            self.backend.warm_reads()
         self.group.barrier()
         if planned is None:
             manifest, span = self.read_manifest(manifest_key, jobs)
             heads: list[ThreadResult] = []
-            expected: dict[str, Any] | None = manifest["files"]
+            expected: Mapping[str, Digested] | None = manifest.files
         else:
             span = None
             heads, expected = self._read_manifests(jobs, manifest_key, planned)
@@ -280,7 +282,7 @@ class RangedRestore(FormatBase):
                 ahead.close()
             ring.put(None)
 
-    def _drain(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
+    def _drain(self, ring: BufferRing, jobs: list[FileJob], expected: Mapping[str, Digested],
                res: ThreadResult) -> None:
         """Hand each block back unread: restores without verification (a diagnostic of
         the read path's own ceiling; the run records them as unverified)."""
@@ -290,7 +292,7 @@ class RangedRestore(FormatBase):
                 item[5][1]()
             ring.give_back(item[2])
 
-    def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: dict[str, Any],
+    def _verify(self, ring: BufferRing, jobs: list[FileJob], expected: Mapping[str, Digested],
                 res: ThreadResult) -> None:
         """Feed each block to its job's check as it arrives; at the end, compare each chunk's
         digest with its manifest entry's (a chunk a restore plan reads names its place

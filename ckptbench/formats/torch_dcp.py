@@ -373,7 +373,7 @@ class TorchDcpFormat(FormatBase):
         self.group.barrier()
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
         manifest, (t0, t1) = self._open_checkpoint(ckpt, manifest_key, jobs)
-        expected = manifest["files"]
+        expected = manifest.files
         tasks = chunk_tasks(self.plan, jobs)
         state, arrays = self._state_dict(tasks, fill=False)
         _, planner = _planners()
@@ -445,6 +445,6 @@ class TorchDcpFormat(FormatBase):
                 "read_items": reader.items, "parts": reader.parts(a, b)}, rank=ranks[0])
         self.progress(reader.read_bytes)
         if res.error is None:
-            res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest["files"],
+            res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest.files,
                                            f"DCP {ckpt}/{DCP_DIR}")
         return [res]

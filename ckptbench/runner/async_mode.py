@@ -55,6 +55,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.async_peer import BackgroundReplication
 from ckptbench.runner.comm import Comm, T
+from ckptbench.runner.decision import Decision
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.phase_report import PhaseReport
 from ckptbench.runner.staging import (
@@ -151,7 +152,7 @@ class _Collect:
 class _Commit:
     thread: threading.Thread | None = None
     sink: _Collect = field(default_factory=_Collect)
-    decision: dict[str, Any] | None = None  # set last, when the commit is over
+    decision: Decision | None = None  # set last, when the commit is over
 
 
 def _check_snapshot(results: list[ThreadResult], jobs: list[FileJob],
@@ -190,7 +191,7 @@ class AsyncLoop:
                                _Alone(self.comm), self.o.format_options(), run.moved)
         self.lock = threading.Lock()
         self.outbox: list[tuple[int, PhaseReport]] = []  # persists done, not yet sent
-        self.final: dict[int, dict[str, Any]] = {}  # iteration -> commit outcome
+        self.final: dict[int, Decision] = {}  # iteration -> commit outcome
         self.pending: dict[int, list[PhaseReport | None]] = {}  # process 0: reports so far
         self.commits: dict[int, _Commit] = {}  # process 0: commits running
         self.timings: list[dict[str, Any]] = []  # this process's checkpoints
@@ -359,19 +360,18 @@ class AsyncLoop:
         with self.lock:
             mine, self.outbox = self.outbox, []
         gathered = self.comm.gather(mine)
-        news: dict[int, dict[str, Any]] = {}
+        news: dict[int, Decision] = {}
         if self.root:
             assert gathered is not None
             news = self._coordinate(gathered)
         news = self.comm.bcast(news)
         for it, decision in sorted(news.items()):
             self.final[it] = decision
-            if not decision["ok"]:
-                raise RunFailed(f"checkpoint {it}: the background persist failed: "
-                                f"{decision['message']} ({_left(it)})", decision["kind"])
+            decision.check(f"checkpoint {it}: the background persist failed: ",
+                           f" ({_left(it)})")
 
     def _coordinate(self, gathered: list[list[tuple[int, PhaseReport]]]
-                    ) -> dict[int, dict[str, Any]]:
+                    ) -> dict[int, Decision]:
         for proc, items in enumerate(gathered):
             for it, report in items:
                 self.pending.setdefault(it, [None] * self.comm.size)[proc] = report
@@ -394,10 +394,10 @@ class AsyncLoop:
                 decision = self.driver.commit(it, reports, c.sink)
             except BaseException as exc:  # e.g. the target gone while removing the rest
                 kind, message = describe_error(exc)
-                decision = {"ok": False, "kind": kind, "message": message}
+                decision = Decision.failed(kind, message)
             span = next((r.commit_ns for r in c.sink.records
                          if isinstance(r, SavePhaseRecord)), None)
-            c.decision = {**decision, "durable_ns": span[1] if span else None}
+            c.decision = decision.durable_at(span[1] if span else None)
 
         c.thread = threading.Thread(target=work, name=f"commit-{it}", daemon=True)
         c.thread.start()
@@ -415,9 +415,9 @@ class AsyncLoop:
             records += [fact, StepsRecord("baseline", proc, *base), StepsRecord("async", proc, *loop)]
             for t in timings:
                 final = self.final[t["iteration"]]
-                d = final.get("durable_ns")
+                d = final.durable_ns
                 records.append(CheckpointRecord(
-                    t["iteration"], proc, fact.ranks, bool(final["ok"]), fact.bytes,
+                    t["iteration"], proc, fact.ranks, final.ok, fact.bytes,
                     t["start_ns"], t["wait_s"], t["refresh_s"], t["limit_s"], t["snapshot_s"],
                     t["blocking_s"], t["resume_ns"],
                     (d - t["snapshot_ns"]) / 1e9 if d is not None else None,

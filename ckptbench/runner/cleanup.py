@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptbench import __version__
 from ckptbench.backends import Backend
-from ckptbench.backends.base import Identity, NameTaken, atomic_tmp
+from ckptbench.backends.base import Identity, NameTaken, UnfinishedUploads, atomic_tmp
 from ckptbench.errors import BackendError
 from ckptbench.formats import format_class
 from ckptbench.formats.fill_ins import fill_in_dir, fill_in_names
@@ -116,7 +116,7 @@ def remove_checkpoint(backend: Backend, names: RunNames, checkpoint: str,
     """Delete one checkpoint's files by name (`uploads`: abort unfinished uploads of them
     first, when a writer may have been killed), then its directories if left empty; only
     in the directory the run created (never one it did not, nor through a link)."""
-    if uploads:
+    if uploads and isinstance(backend, UnfinishedUploads):
         backend.abort_uploads(names.keys(checkpoint))
     backend.remove_recorded(names.chain(checkpoint), names.files, _dirs(names.files))
 
@@ -129,7 +129,8 @@ def remove_run(backend: Backend, names: RunNames, uploads: bool = False,
     --clean-debris finds them. Returns what is left there (someone else's), at most SHOWN
     names."""
     pending: int | None = 0
-    if uploads:  # a store that cannot list them now cannot abort them either: not tried
+    if uploads and isinstance(backend, UnfinishedUploads):  # a store that cannot list
+        # them now cannot abort them either: not tried
         pending = backend.pending_uploads(names.all_keys())
         if pending:
             backend.abort_uploads(names.all_keys())
@@ -386,7 +387,8 @@ def find_debris(backend: Backend) -> Debris | None:
     if not runs:
         return None
     keys = [k for n in runs for k in n.all_keys()]
-    return Debris(runs, hosts, backend.pending_uploads(keys) or 0)
+    pending = backend.pending_uploads(keys) if isinstance(backend, UnfinishedUploads) else 0
+    return Debris(runs, hosts, pending or 0)
 
 
 def clean_debris(backend: Backend, debris: Debris) -> Debris:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import time
 from abc import ABC, abstractmethod
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from ckptbench.runner.scheduler import node_name
 
@@ -70,6 +70,26 @@ class SingleComm(Comm):
         return obj
 
 
+class SharedFlag(Protocol):
+    """A multiprocessing RawValue's face: nonzero once any process sets it."""
+
+    value: int
+
+
+class Inbox(Protocol):
+    """A multiprocessing Queue's face, as the processes' messages use it."""
+
+    def put(self, obj: object) -> None: ...
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object: ...
+
+    def close(self) -> None: ...
+
+    def cancel_join_thread(self) -> None: ...
+
+    def join_thread(self) -> None: ...
+
+
 class ProcessComm(Comm):
     """Local processes forked from one parent: one inbox each and a shared abort flag.
 
@@ -80,17 +100,18 @@ class ProcessComm(Comm):
 
     kind = "local-processes"
 
-    def __init__(self, rank: int, size: int, aborted: Any, inboxes: list[Any]) -> None:
+    def __init__(self, rank: int, size: int, aborted: SharedFlag, inboxes: list[Inbox]
+                 ) -> None:
         self.rank, self.size = rank, size
         self._aborted = aborted  # a shared value (multiprocessing RawValue): nonzero = abort
         self._inboxes = inboxes
-        self._early: dict[int, list[Any]] = {}  # process 0: a fast peer's next gathers
+        self._early: dict[int, list[object]] = {}  # process 0: a fast peer's next gathers
 
     def barrier(self) -> None:
         self.gather(None)
         self.bcast(None)
 
-    def _get(self, box: Any) -> Any:
+    def _get(self, box: Inbox) -> object:
         deadline = time.monotonic() + COMM_TIMEOUT_S
         while True:
             if self._aborted.value:
@@ -105,7 +126,7 @@ class ProcessComm(Comm):
         if self.rank != 0:
             self._inboxes[0].put((self.rank, obj))
             return None
-        out: list[Any] = [None] * self.size
+        out: list[object] = [None] * self.size
         out[0] = obj
         missing = set(range(1, self.size))
         for r in list(missing):  # what a peer sent for this gather before the last one ended
@@ -113,21 +134,20 @@ class ProcessComm(Comm):
                 out[r] = self._early[r].pop(0)
                 missing.discard(r)
         while missing:
-            r, o = self._get(self._inboxes[0])
+            r, o = cast(tuple[int, object], self._get(self._inboxes[0]))
             if r in missing:
                 out[r] = o
                 missing.discard(r)
             else:  # a peer already in the next gather (no bcast between the two)
                 self._early.setdefault(r, []).append(o)
-        return out
+        return cast(list[T], out)  # what each process passed (as T)
 
     def bcast(self, obj: T) -> T:
         if self.rank == 0:
             for r in range(1, self.size):
                 self._inboxes[r].put(obj)
             return obj
-        out: T = self._get(self._inboxes[self.rank])
-        return out
+        return cast(T, self._get(self._inboxes[self.rank]))  # process 0's obj
 
     def abort(self, code: int = 1) -> None:
         self._aborted.value = 1

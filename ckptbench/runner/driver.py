@@ -35,7 +35,6 @@ the run stops with the finished iterations' records kept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ckptbench.backends import Backend
 from ckptbench.backends.base import HostCacheControl, PageCacheControl
@@ -53,6 +52,7 @@ from ckptbench.formats.base import (
 from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
 from ckptbench.formats.manifest import (
     CommitTimes,
+    Digested,
     Manifest,
     ManifestWriter,
     encode_members,
@@ -71,6 +71,7 @@ from ckptbench.records import (
 )
 from ckptbench.runner.cleanup import RunNames, record_dir, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
+from ckptbench.runner.decision import Decision, agree
 from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
 from ckptbench.runner.parts import coordinator_ops, restore_parts, save_parts
@@ -167,17 +168,17 @@ class Iterations:
     def claim(self, it: int) -> None:
         """Collective: process 0 creates the checkpoint's directory, exclusively (never
         one that exists); RunFailed everywhere when it cannot."""
-        decision: dict[str, Any] | None = None
+        decision: Decision | None = None
         if self.comm.rank == 0:
             try:
                 self.create(self.plan.checkpoint_name(it))
-                decision = {"ok": True}
+                decision = Decision()
             except Exception as exc:
                 kind, message = describe_error(exc)
                 if self.sink:
                     self.sink.write(ErrorRecord(it, "save", kind, message))
-                decision = {"ok": False, "kind": kind, "message": message}
-        _agree(self.comm, decision)
+                decision = Decision.failed(kind, message)
+        agree(self.comm, decision)
 
     def create(self, name: str) -> None:
         """Process 0: directory `name`, made exclusively, in the intent before any write."""
@@ -187,7 +188,7 @@ class Iterations:
             record_dir(self.backend, self.made)
 
     def commit(self, it: int, gathered: list[PhaseReport], sink: RecordSink | None
-               ) -> dict[str, Any]:
+               ) -> Decision:
         """Process 0: the manifest of iteration `it` committed atomically (or the partial
         checkpoint removed), its records to `sink`; the decision."""
         assert self.writer is not None
@@ -215,11 +216,11 @@ class Iterations:
         except BaseException as exc:
             results, err = [], exc
         gathered = comm.gather(self.report(it, results, jobs, err))
-        decision: dict[str, Any] = {"ok": True}
+        decision: Decision | None = None
         if comm.rank == 0:
             assert gathered is not None
             decision = self.commit(it, gathered, self.sink)
-        _agree(comm, decision)
+        agree(comm, decision)
 
     def evict(self, it: int) -> list[str] | None:
         """Collective: `it`'s files out of the caches before a read (process 0: the methods)."""
@@ -238,13 +239,13 @@ class Iterations:
             manifest_key = f"{ckpt}/{plan.manifest}"
             manifest_t: tuple[int, int] | None = None
             rjobs: list[FileJob] = []
-            decision: dict[str, Any] = {"ok": True}
+            decision: Decision | None = None
             try:
                 with self.watched.watching(f"the restore of {name}"):
                     if self.rplan is not None:
                         rjobs = restore_jobs(self.rplan, self.restore_ranks, ckpt, saved_as,
                                              options.seed, self.fill, fill_in_at(self, it))
-                        filled = {j.name: {"digests": fill_digests[j.index]} for j in rjobs
+                        filled = {j.name: Digested(digests=fill_digests[j.index]) for j in rjobs
                                   if j.index in fill_digests}
                         planned: PlannedRestore | None = PlannedRestore(self.restore_ranks,
                                                                         filled)
@@ -270,9 +271,9 @@ class Iterations:
                 decision = _finish_restore(
                     plan, it, rgathered, methods, options, self.sink,
                     _restore_facts(plan, self.rplan, self.all_ranks, self.fill))
-                if not decision["ok"] and not (options.keep or self.restore_only):
+                if not decision.ok and not (options.keep or self.restore_only):
                     remove_checkpoint(self.backend, self.made, name)
-            _agree(comm, decision)
+            agree(comm, decision)
 
         # --- cleanup ---
         comm.barrier()
@@ -295,13 +296,6 @@ def _evict(fmt: Format, jobs: list[FileJob], backend: Backend, comm: Comm,
     if comm.bcast(dropped):
         method = f"{method}+drop_caches"
     return comm.gather(method)
-
-
-def _agree(comm: Comm, decision: dict[str, Any] | None) -> None:
-    """Collective: process 0's decision on every process; RunFailed everywhere if not ok."""
-    decision = comm.bcast(decision)
-    if decision is not None and not decision["ok"]:
-        raise RunFailed(decision["message"], decision["kind"])
 
 
 def _moved(progress: Callable[[int], None] | None, watch: StallWatch | None
@@ -330,7 +324,7 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
 
 
 def _restore_facts(plan: Plan, rplan: RestorePlan | None, all_ranks: list[int],
-                   fill: FillIns) -> dict[str, Any]:
+                   fill: FillIns) -> dict[str, object]:
     """What the restore phase record says of the plan it ran: the restore layout, the
     ranks that ran, the bytes they were to read and the plan's amplification (bytes read
     over the checkpoint's; each file read back once: 1), and the fill-ins written for it
@@ -355,7 +349,7 @@ def _fail(gathered: list[PhaseReport]) -> tuple[str, str] | None:
 
 
 def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
-            sink: RecordSink | None) -> dict[str, Any]:
+            sink: RecordSink | None) -> Decision:
     """Process 0: the manifest of `name` built, encoded and committed (or the partial
     checkpoint removed); the save's records, its parts timed (runner.parts)."""
     plan, options, backend = run.plan, run.options, run.backend
@@ -410,14 +404,12 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
         records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))
     if sink:
         sink.write_all(records)
-    if failure is not None:
-        return {"ok": False, "kind": failure[0], "message": failure[1]}
-    return {"ok": True}
+    return Decision.failed(*failure) if failure is not None else Decision()
 
 
 def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: list[str],
                     options: RunOptions, sink: RecordSink | None,
-                    facts: dict[str, Any] | None = None) -> dict[str, Any]:
+                    facts: dict[str, object] | None = None) -> Decision:
     records = phase_records(plan, it, "restore", gathered)
     for proc, report in enumerate(gathered):
         if report.manifest is not None:
@@ -442,9 +434,7 @@ def _finish_restore(plan: Plan, it: int, gathered: list[PhaseReport], methods: l
         records.append(ErrorRecord(it, "restore", failure[0], failure[1]))
     if sink:
         sink.write_all(records)
-    if failure is not None:
-        return {"ok": False, "kind": failure[0], "message": failure[1]}
-    return {"ok": True}
+    return Decision.failed(*failure) if failure is not None else Decision()
 
 
 __all__ = ["Iterations", "PhaseReport", "RunFailed", "run_iterations"]

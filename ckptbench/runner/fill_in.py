@@ -14,13 +14,15 @@ figures. The restore record names them and their bytes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ckptbench.errors import RunFailed, describe_error
+from ckptbench.errors import describe_error
 from ckptbench.formats.base import FileJob, first_error
 from ckptbench.formats.fill_ins import fill_in_dir
 from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
+from ckptbench.runner.decision import Decision, agree
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
@@ -36,7 +38,7 @@ def _quiet(n: int) -> None:
     del n
 
 
-def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, list[int]]]:
+def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], Mapping[int, list[int]]]:
     """Collective: process 0 writes the fill-ins of iteration `it`'s restore (none for a
     run of every rank). Returns process 0's jobs (evicted from caches with the rest) and,
     on every process, each fill-in's chunk digests; RunFailed everywhere when a write
@@ -58,22 +60,18 @@ def write_fill_ins(run: Iterations, it: int) -> tuple[list[FileJob], dict[int, l
     finally:
         fmt.progress = progress
     errors = comm.gather(describe_error(err) if err is not None else None)
-    decision: dict[str, Any] | None = None
+    decision: Decision | None = None
     if root:
         assert errors is not None
         failure = next((e for e in errors if e is not None), None)
-        decision = {"ok": True, "digests": {f: d for r in results for f, d in r.digests.items()}}
+        decision = Decision(digests={f: d for r in results for f, d in r.digests.items()})
         if failure is not None:
             remove_checkpoint(run.backend, run.made, fill_in_dir(run.plan, it))
             message = f"writing the fill-ins in {where}: {failure[1]}"
             if run.sink:
                 run.sink.write(ErrorRecord(it, "restore", failure[0], message))
-            decision = {"ok": False, "kind": failure[0], "message": message}
-    decision = comm.bcast(decision)
-    assert decision is not None
-    if not decision["ok"]:
-        raise RunFailed(decision["message"], decision["kind"])
-    return jobs, decision["digests"]
+            decision = Decision.failed(failure[0], message)
+    return jobs, agree(comm, decision).digests
 
 
 __all__ = ["fill_in_at", "write_fill_ins"]

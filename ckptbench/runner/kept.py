@@ -63,7 +63,7 @@ def written_ranks(plan: Plan, manifest: Manifest, prefix: str) -> list[int]:
                              f"(world_size {plan.world_size}; an altered manifest)")
     names = {f"{prefix}/{p}" for p in plan.file_paths}
     listed: set[tuple[str, Any]] = set()
-    for name, entry in manifest["files"].items():
+    for name, entry in manifest.files.items():
         if not isinstance(entry, dict):
             raise CkptbenchError(f"{where}: entry {shown(name)} is {shown(entry)}; allowed: an "
                                  "object with its rank, chunks and digests (altered manifest)")

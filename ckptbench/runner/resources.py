@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptbench.backends.base import buffer_bytes_of
 from ckptbench.errors import SpecError
 from ckptbench.formats import format_class
 from ckptbench.formats.manifest import manifest_bytes
@@ -78,7 +79,7 @@ def host_needs(req: RunRequest, topo: Topology) -> dict[str, tuple[int, int, int
     for proc, (group, host) in enumerate(zip(topo.groups, topo.hosts, strict=True)):
         need = needs[host]
         need[0] += (fmt.memory_bytes(req.plan, group, opts, req.backend.alignment)
-                    + req.backend.buffer_bytes())
+                    + buffer_bytes_of(req.backend))
         if proc == 0:  # the coordinator's manifest buffer (formats.manifest.ManifestWriter)
             need[0] += manifest_bytes(req.plan, req.options.format)
         need[1] += max(1, req.options.threads) * len(group)
@@ -128,7 +129,7 @@ def resource_error(req: RunRequest, topo: Topology, available: int | None = None
             f"state and --staging-memory {format_size(staging)} (at most the state) besides "
             f"{format_size(memory)} of I/O buffers ({buffers}); {have}; allowed: a smaller "
             "--staging-memory, a larger --scale or fewer ranks per host, or smaller buffers")
-    transfers = req.backend.buffer_bytes()
+    transfers = buffer_bytes_of(req.backend)
     backend = (f", {format_size(transfers)} per process of them the {req.backend.name} backend's "
                "transfer buffers" if transfers else "")
     return SpecError(

@@ -26,6 +26,8 @@ from ckptbench.backends.base import (
     ReadHandle,
     SharedFileWrites,
     Striping,
+    TransferBuffers,
+    UnfinishedUploads,
     WriteHandle,
     unsupported,
 )
@@ -111,6 +113,38 @@ class ForwardHostCacheControl(HostCacheControl):
         return inner.drop_host_caches()
 
 
+class ForwardUnfinishedUploads(UnfinishedUploads):
+    inner: Backend
+
+    def pending_uploads(self, keys: Sequence[str]) -> int | None:
+        inner = self.inner
+        if not isinstance(inner, UnfinishedUploads):
+            raise unsupported(inner, "unfinished uploads")
+        return inner.pending_uploads(keys)
+
+    def abort_uploads(self, keys: Sequence[str]) -> int:
+        inner = self.inner
+        if not isinstance(inner, UnfinishedUploads):
+            raise unsupported(inner, "unfinished uploads")
+        return inner.abort_uploads(keys)
+
+
+class ForwardTransferBuffers(TransferBuffers):
+    inner: Backend
+
+    def buffer_bytes(self) -> int:
+        inner = self.inner
+        if not isinstance(inner, TransferBuffers):
+            raise unsupported(inner, "transfer buffers")
+        return inner.buffer_bytes()
+
+    def warm_reads(self) -> None:
+        inner = self.inner
+        if not isinstance(inner, TransferBuffers):
+            raise unsupported(inner, "transfer buffers")
+        inner.warm_reads()
+
+
 # Each capability protocol and the class that forwards it (a test checks none is missing).
 CAPABILITY_FORWARDERS: tuple[tuple[type, type], ...] = (
     (SharedFileWrites, ForwardSharedFileWrites),
@@ -118,6 +152,8 @@ CAPABILITY_FORWARDERS: tuple[tuple[type, type], ...] = (
     (PlannedReads, ForwardPlannedReads),
     (PageCacheControl, ForwardPageCacheControl),
     (HostCacheControl, ForwardHostCacheControl),
+    (UnfinishedUploads, ForwardUnfinishedUploads),
+    (TransferBuffers, ForwardTransferBuffers),
 )
 _CLASSES: dict[tuple[type, type, tuple[type, ...]], type] = {}
 
@@ -176,12 +212,6 @@ class ForwardingBackend(Backend):
     def open_read(self, key: str) -> ReadHandle:
         return self.inner.open_read(key)
 
-    def buffer_bytes(self) -> int:
-        return self.inner.buffer_bytes()
-
-    def warm_reads(self) -> None:
-        self.inner.warm_reads()
-
     def put_atomic(self, key: str, data: bytes | memoryview) -> int | None:
         return self.inner.put_atomic(key, data)
 
@@ -200,12 +230,6 @@ class ForwardingBackend(Backend):
 
     def delete(self, keys: Sequence[str]) -> None:
         self.inner.delete(keys)
-
-    def abort_uploads(self, keys: Sequence[str]) -> int:
-        return self.inner.abort_uploads(keys)
-
-    def pending_uploads(self, keys: Sequence[str]) -> int | None:
-        return self.inner.pending_uploads(keys)
 
     def remove_dir(self, key: str) -> None:
         self.inner.remove_dir(key)

@@ -1,5 +1,5 @@
-"""A backend written outside ckptbench, with the Backend core only (no optional
-capability): it passes the shipped conformance suite (ckptbench.testing.conformance, as
+"""A backend written outside ckptbench, with the Backend core only (four methods and
+its handles; no optional capability): it passes the shipped conformance suite (ckptbench.testing.conformance, as
 docs/backends.md tells a third party to run it), and a run that needs a capability it
 lacks is refused at set-up, in one line, before anything is written."""
 
@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import pytest
 
 from ckptbench.backends import Backend, ReadHandle, WriteHandle
-from ckptbench.backends.base import TARGET_MARKER, foreign_target_error, marker_bytes
 from ckptbench.errors import BackendError
 from ckptbench.testing.conformance import BackendConformance
 
@@ -49,25 +48,15 @@ class _Reader(ReadHandle):
 
 
 class DictBackend(Backend):
-    """dict://NAME: objects in a dict of this process; the abstract methods, and run_dirs
-    (where a later run looks for what an interrupted one left), and nothing else."""
+    """dict://NAME: objects in a dict of this process; the Backend core only (open for
+    write and read, delete, list): the target marker, small objects and the run
+    directories come from Backend's defaults built on it."""
 
     name = "dict"
 
     def __init__(self, target: str) -> None:
         super().__init__(target)
         self.objects = STORES.setdefault(target, {})
-        self.made = False
-
-    def prepare(self) -> None:
-        if TARGET_MARKER not in self.objects and self.objects:
-            raise foreign_target_error(self.target, sorted(self.objects)[0])
-        if TARGET_MARKER not in self.objects:
-            self.objects[TARGET_MARKER], self.made = marker_bytes(), True
-
-    def release(self) -> None:
-        if self.made and set(self.objects) == {TARGET_MARKER}:
-            del self.objects[TARGET_MARKER]
 
     def open_write(self, key: str, size: int) -> WriteHandle:
         if key in self.objects:
@@ -76,21 +65,8 @@ class DictBackend(Backend):
 
     def open_read(self, key: str) -> ReadHandle:
         if key not in self.objects:
-            raise BackendError(f"{self.target}/{key}: not found")
+            raise FileNotFoundError(f"{self.target}/{key}")
         return _Reader(self.objects[key])
-
-    def put_atomic(self, key: str, data: bytes | memoryview) -> None:
-        with LOCK:
-            self.objects[key] = bytes(data)
-
-    def get(self, key: str) -> bytes:
-        try:
-            return self.objects[key]
-        except KeyError:
-            raise FileNotFoundError(f"{self.target}/{key}") from None
-
-    def exists(self, key: str) -> bool:
-        return key in self.objects
 
     def delete(self, keys: Sequence[str]) -> None:
         with LOCK:
@@ -98,11 +74,8 @@ class DictBackend(Backend):
                 self.objects.pop(key, None)
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
-        base = prefix.strip("/") + "/"
-        return sorted(k for k in self.objects if k.startswith(base))[:limit]
-
-    def run_dirs(self) -> list[str]:  # where a later run looks for an interrupted one's
-        return sorted({k.split("/", 1)[0] for k in self.objects if "/" in k})
+        base = prefix.strip("/")
+        return sorted(k for k in self.objects if not base or k.startswith(base + "/"))[:limit]
 
 
 class TestThirdParty(BackendConformance):
@@ -127,3 +100,9 @@ def test_a_run_needing_n_1_writes_is_refused_at_set_up_in_one_line() -> None:
     message = str(err.value)
     assert "files = 'shared'" in message and "allowed" in message and "\n" not in message
     backend.check_run(shared_file=False, restore=True, processes=1)  # the rest runs
+
+
+def test_the_backend_core_is_four_methods_and_the_handles() -> None:
+    assert Backend.__abstractmethods__ == {"open_write", "open_read", "delete", "list_names"}
+    assert WriteHandle.__abstractmethods__ == {"write", "sync", "close"}
+    assert ReadHandle.__abstractmethods__ == {"readinto", "close"}

@@ -366,7 +366,8 @@ class S3Backend(Backend):
             return []
 
     def _names_under(self, prefix: str, limit: int) -> list[str]:
-        base = self._key(prefix).rstrip("/") + "/"
+        base = self._key(prefix).rstrip("/")
+        base = base + "/" if base else ""  # "": the whole target (a bucket without prefix)
         strip = len(self.prefix) + 1 if self.prefix else 0
         with self.calls(f"list {prefix}"):
             listing = self._cleanup_client().list_objects_v2(Bucket=self.bucket, Prefix=base,

@@ -29,6 +29,7 @@ import json
 import math
 import threading
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -52,7 +53,7 @@ from ckptbench.formats.common import (
     chunk_bytes,
     chunk_tasks,
 )
-from ckptbench.formats.manifest import Manifest
+from ckptbench.formats.manifest import Digested, Manifest
 from ckptbench.formats.pipeline import ByteBudget, assign_threads
 from ckptbench.formats.verify import describe_difference, object_digest
 from ckptbench.formats.zarr.inflight import BufferPool, Countdown, by_nbytes, settle, still_running
@@ -368,7 +369,7 @@ class ZarrFormat(FormatBase):
         settle(pending, feed, res)
         feed.put(None)
 
-    def _verify_feed(self, feed: ByteBudget, ckpt: str, expected: dict[str, Any], res: ThreadResult) -> None:
+    def _verify_feed(self, feed: ByteBudget, ckpt: str, expected: Mapping[str, Digested], res: ThreadResult) -> None:
         try:
             while True:
                 item = feed.take()
@@ -403,7 +404,7 @@ class ZarrFormat(FormatBase):
         self.group.barrier()
         manifest, (t0, t1) = self.read_manifest(manifest_key, jobs)
         self._manifest = manifest
-        expected = manifest["files"]
+        expected = manifest.files
         self.store.size_hints.clear()
         self._arrays.clear()
         ckpt = self._checkpoint(jobs) if jobs else ""
