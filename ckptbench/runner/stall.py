@@ -45,9 +45,10 @@ def stall_message(who: str, timeout: float, what: str) -> str:
             "storage a larger --stall-timeout")
 
 
-def with_threads(message: str, dump: str) -> str:
-    """The stall message and what the stalled process's threads were waiting on."""
-    return f"{message}; its threads: {summarize(dump)}" if dump else message
+def with_threads(message: str, dump: str, watched: str = "MainThread") -> str:
+    """The stall message and what the stalled process's threads were waiting on, the
+    watched thread first."""
+    return f"{message}; its threads: {summarize(dump, watched)}" if dump else message
 
 
 class StallWatch:
@@ -65,6 +66,7 @@ class StallWatch:
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self._what: str | None = None  # what is being watched; None: not armed
+        self._watched = "MainThread"  # the thread that armed it: named first in a stall
         self._paused = 0
         self._thread: threading.Thread | None = None
         self.fired = False
@@ -85,6 +87,7 @@ class StallWatch:
             return
         with self._lock:
             self._what, self._last = what, time.monotonic()
+            self._watched = threading.current_thread().name
             self._published()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckptbench-stall",
@@ -134,7 +137,7 @@ class StallWatch:
                 if self.dump is not None:
                     self.dump(threads)
                 self.on_stall(with_threads(stall_message(self.who, self.timeout, str(what)),
-                                           threads))
+                                           threads, self._watched))
 
 
 class WatchedGroup:

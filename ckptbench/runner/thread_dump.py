@@ -86,11 +86,12 @@ def parse(dump: str) -> list[tuple[str, list[Frame]]]:
     return threads
 
 
-def summarize(dump: str) -> str:
+def summarize(dump: str, first: str = "MainThread") -> str:
     """One line: for each thread running the run's code (idle pool threads and the watch
-    itself left out), where in that code it was and the call it was waiting in."""
+    itself left out), where in that code it was and the call it was waiting in. `first`
+    (the thread that was watched) leads, so that other threads cannot crowd it out."""
     parts = []
-    for name, frames in parse(dump):
+    for name, frames in sorted(parse(dump), key=lambda thread: thread[0] != first):
         own = next((f for f in frames if not f.library), None)
         if own is None or own.path.endswith(_OWN):
             continue

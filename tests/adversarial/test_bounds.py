@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -176,29 +177,39 @@ def test_only_a_process_with_bytes_to_move_can_stall() -> None:
         rank, size = 0, 2
 
         def barrier(self) -> None:
-            time.sleep(0.8)
+            time.sleep(2.0)
 
-    def run(body: object) -> list[str]:
+    def run(body: object, timeout: float = 0.3) -> list[str]:
         fired: list[str] = []
-        watch = StallWatch(0.3, fired.append, "rank 7")
+        watch = StallWatch(timeout, fired.append, "rank 7")
         with watch.watching("the save of checkpoint-2"):
             body(watch)  # type: ignore[operator]
         time.sleep(0.5)  # disarmed: nothing fires after
         return fired
 
-    def ticking(watch: StallWatch) -> None:
-        for _ in range(16):
+    def ticking(watch: StallWatch) -> None:  # 2 s of ticks, a gap of 1 s never
+        for _ in range(40):
             time.sleep(0.05)
             watch.tick(4096)
 
-    (fired,) = run(lambda watch: time.sleep(0.8))
+    def busy_thread() -> None:  # a thread of the run's code beside the watched one
+        while not done.wait(0.01):
+            pass
+
+    done = threading.Event()
+    for _ in range(5):
+        threading.Thread(target=busy_thread, daemon=True).start()
+    try:
+        (fired,) = run(lambda watch: time.sleep(0.8))
+    finally:
+        done.set()
     assert fired.startswith(
         "rank 7 stalled: no byte moved for 0.3 s during the save of checkpoint-2 "
         "(--stall-timeout 0.3s); the storage stopped answering, or allow slower storage a "
         "larger --stall-timeout; its threads: MainThread in <lambda> (tests/adversarial/"
-        "test_bounds.py:"), fired  # where the watched thread waited, named
-    assert run(ticking) == []
-    assert run(lambda watch: WatchedGroup(Slow(), watch).barrier()) == []
+        "test_bounds.py:"), fired  # where the watched thread waited, named first
+    assert run(ticking, 1.0) == []
+    assert run(lambda watch: WatchedGroup(Slow(), watch).barrier(), 1.0) == []
     fired: list[str] = []
     StallWatch(0, fired.append)  # off
     time.sleep(0.2)
