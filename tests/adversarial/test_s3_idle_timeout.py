@@ -50,7 +50,10 @@ vocab_size = 8000
 world_size = 2
 layout = "fsdp2"
 """
-TRANSPORTS = {"botocore": None, "crt": "awscrt", "obstore": "obstore"}
+ASYNC = ["--mode", "async", "--step-seconds", "0.01", "--steps-per-checkpoint", "2"]
+# case: (the package it needs, its options)
+CASES = {"botocore": (None, []), "crt": ("awscrt", ["--s3-transport", "crt"]),
+         "obstore": ("obstore", ["--s3-transport", "obstore"]), "botocore-async": (None, ASYNC)}
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +79,19 @@ class FirstUploadPart:
         return key == self.key
 
 
-def save(server: MinioServer, proxy: FaultProxy, tmp_path: Path, transport: str,
+def save(server: MinioServer, proxy: FaultProxy, tmp_path: Path, case: str,
          *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    if TRANSPORTS[transport] and not importlib.util.find_spec(str(TRANSPORTS[transport])):
-        pytest.skip(f"{TRANSPORTS[transport]} is not installed")
+    package, options = CASES[case]
+    if package and not importlib.util.find_spec(package):
+        pytest.skip(f"{package} is not installed")
     workload = tmp_path / "idle.toml"
     workload.write_text(WORKLOAD)
     results = tmp_path / "r.jsonl"
     r = subprocess.run(
         [sys.executable, "-m", "ckptbench", "run", str(workload), "--target",
          f"s3://{server.bucket}/idle-{uuid.uuid4().hex[:8]}", "--endpoint-url", proxy.endpoint,
-         "--part-size", "5MiB", "--iterations", "1", "--s3-transport", transport,
-         "--results", str(results), *args],
+         "--part-size", "5MiB", "--iterations", "1", "--results", str(results),
+         *options, *args],
         capture_output=True, text=True, cwd=tmp_path, env=env(server.env()), timeout=240)
     return r, results
 
@@ -128,29 +132,29 @@ def _put(proxy: FaultProxy, server: MinioServer, body: bytes) -> None:
     client.put_object(Bucket=server.bucket, Key=f"stall/{uuid.uuid4().hex}", Body=body)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_part_cut_by_the_idle_timeout_is_sent_again(idle_server: MinioServer,
-                                                      tmp_path: Path, transport: str) -> None:
+                                                      tmp_path: Path, case: str) -> None:
     with FaultProxy(idle_server.endpoint, ["stall"], FirstUploadPart(2)) as proxy:
-        r, results = save(idle_server, proxy, tmp_path, transport)
+        r, results = save(idle_server, proxy, tmp_path, case)
         assert r.returncode == 0, r.stderr[-3000:]
         assert proxy.stalls == ["answered 503"]
     recs = records(results)
     assert all(p["ok"] for p in recs if p["type"] == "phase")
-    if transport == "botocore":  # crt and obstore retry inside and say retries_counted: false
+    if case.startswith("botocore"):  # crt and obstore retry inside: retries_counted: false
         saves = [x["backend"] for x in recs if x["type"] == "rank" and x["phase"] == "save"]
         assert sum(s["retries_server"] for s in saves) == 1, saves
     assert_nothing_left(idle_server, results)
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_part_cut_on_every_attempt_fails_in_one_line_naming_the_options(
-        idle_server: MinioServer, tmp_path: Path, transport: str) -> None:
+        idle_server: MinioServer, tmp_path: Path, case: str) -> None:
     """Before, botocore's line said "server error 503 RequestTimeout on every attempt" and
     named nothing to change."""
-    attempts = 1 if transport != "botocore" else 2  # crt/obstore: their own count
+    attempts = 2 if case.startswith("botocore") else 1  # crt/obstore count their own
     with FaultProxy(idle_server.endpoint, ["stall"] * attempts, FirstUploadPart(2)) as proxy:
-        r, results = save(idle_server, proxy, tmp_path, transport,
+        r, results = save(idle_server, proxy, tmp_path, case,
                           "--s3-max-attempts", str(attempts))
         assert proxy.stalls == ["answered 503"] * attempts
     line = one_line(r, 2, "--s3-concurrency", f"--s3-max-attempts (now {attempts})")
