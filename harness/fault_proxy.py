@@ -6,6 +6,7 @@ unchanged."""
 from __future__ import annotations
 
 import http.client
+import select
 import socket
 import struct
 import threading
@@ -22,11 +23,12 @@ _ERRORS = {
 }
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "expect"}
-FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause", "slow")
-BODY_FAULTS = ("pause", "slow")  # taken before the body is read (the others after it)
+FAULTS = ("503", "500", "reset", "truncate", "freeze", "pause", "slow", "stall")
+BODY_FAULTS = ("pause", "slow", "stall")  # taken before the body is read (the others after)
 PAUSE_S = 3.0  # how long a "pause" stops reading a request's body
 PAUSE_AFTER = 1 << 20  # ... after its first MiB
 SLOW_RATE = 4 << 20  # bytes per second a "slow" request's body is read at
+STALL_S = 20.0  # the longest a "stall" stops sending a body to the server
 
 
 class FaultProxy(Loopback):
@@ -41,7 +43,12 @@ class FaultProxy(Loopback):
     SIGSTOP, nothing sent while frozen reaches the server later, so what the server holds
     is fixed at the freeze. ``"pause"`` stops reading the request's body for PAUSE_S after
     its first MiB (a server short of CPU), then forwards it; ``"slow"`` reads the body at
-    SLOW_RATE (a slow link), then forwards it. Everything else is forwarded unchanged (the Host header is
+    SLOW_RATE (a slow link), then forwards it. ``"stall"`` streams the body to the server, stops
+    sending after its first MiB (the whole body is still read from the client, so no client
+    timeout takes part) until the server answers or closes the connection (its own idle
+    timeout), or `stall_s` passes: then it sends the rest, and the server's answer goes back
+    to the client; a connection the server dropped is reset to the client. `stalls` says
+    how each stall ended: ``"answered <status>"``, ``"closed"`` or ``"resumed"``. Everything else is forwarded unchanged (the Host header is
     kept, so SigV4 signatures stay valid). `injected` lists what was done to which request.
 
     `hold_s`: each matching request waits that long before its fault or its forwarding (a
@@ -51,7 +58,8 @@ class FaultProxy(Loopback):
     """
 
     def __init__(self, upstream: str, faults: list[str] | None = None,
-                 match: Callable[[str, str], bool] | None = None, hold_s: float = 0.0) -> None:
+                 match: Callable[[str, str], bool] | None = None, hold_s: float = 0.0,
+                 stall_s: float = STALL_S) -> None:
         unknown = sorted(set(faults or []) - set(FAULTS))
         if unknown:
             raise ValueError(f"FaultProxy faults {unknown}: allowed are {', '.join(FAULTS)}")
@@ -63,6 +71,8 @@ class FaultProxy(Loopback):
         self.user_agents: list[str] = []  # of every request, in order
         self.forwarded = 0
         self.hold_s = hold_s
+        self.stall_s = stall_s
+        self.stalls: list[str] = []
         self.active = 0  # matching requests being forwarded now
         self.peak = 0
         self.frozen = threading.Event()
@@ -203,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _proxy(self) -> None:
         proxy = self.server.proxy
         taken = proxy.body_fault(self.command, self.path)
+        if taken == "stall":
+            proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""), taken)
+            self._stall()
+            return
         body = self._body(taken)
         fault = proxy.next_fault(self.command, self.path, self.headers.get("User-Agent", ""),
                                  taken)
@@ -225,8 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            conn.request(self.command, self.path, body=body or None, headers=headers)
+            conn.request(self.command, self.path, body=body or None, headers=self._headers())
             resp = conn.getresponse()
             data = resp.read()
             with proxy.lock:
@@ -234,18 +247,57 @@ class _Handler(BaseHTTPRequestHandler):
             if proxy.hold_if_frozen():  # answered after the freeze: never seen by the client
                 self._reset()
                 return
-            self.send_response_only(resp.status, resp.reason)
-            for k, v in resp.getheaders():
-                if k.lower() not in _HOP and k.lower() != "content-length":
-                    self.send_header(k, v)
-            length = resp.getheader("Content-Length") if self.command == "HEAD" else len(data)
-            self.send_header("Content-Length", str(length or 0))
-            self.end_headers()
-            if fault == "truncate" and len(data) > 1:
-                self.wfile.write(data[:len(data) // 2])
-                self._reset()
-                return
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            self._relay(resp, data, fault)
         finally:
             conn.close()
+
+    def _headers(self) -> dict[str, str]:
+        """The request's headers to forward (the Host kept: SigV4 signatures stay valid)."""
+        return {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+
+    def _stall(self) -> None:
+        """The "stall" fault (see FaultProxy): the server sees a body that stops moving."""
+        proxy = self.server.proxy
+        n = int(self.headers.get("Content-Length") or 0)
+        conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+        try:
+            conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self._headers().items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            head = self.rfile.read(min(PAUSE_AFTER, n))
+            conn.send(head)
+            rest = self.rfile.read(n - len(head))  # the client has sent all of it
+            assert conn.sock is not None
+            answered, _, _ = select.select([conn.sock], [], [], proxy.stall_s)
+            if not answered:
+                conn.send(rest)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (http.client.HTTPException, OSError):
+            with proxy.lock:
+                proxy.stalls.append("closed")
+            self._reset()
+            return
+        finally:
+            conn.close()
+        with proxy.lock:
+            proxy.stalls.append(f"answered {resp.status}" if answered else "resumed")
+            proxy.forwarded += 1
+        self._relay(resp, data, None)
+
+    def _relay(self, resp: http.client.HTTPResponse, data: bytes, fault: str | None) -> None:
+        """Send the server's answer (`data`: its body) back to the client."""
+        self.send_response_only(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP and k.lower() != "content-length":
+                self.send_header(k, v)
+        length = resp.getheader("Content-Length") if self.command == "HEAD" else len(data)
+        self.send_header("Content-Length", str(length or 0))
+        self.end_headers()
+        if fault == "truncate" and len(data) > 1:
+            self.wfile.write(data[:len(data) // 2])
+            self._reset()
+            return
+        if self.command != "HEAD":
+            self.wfile.write(data)

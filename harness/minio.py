@@ -69,7 +69,7 @@ class MinioServer(Loopback):
     """One MinIO process: `with MinioServer() as m: m.endpoint, m.env(), m.make_bucket()`."""
 
     def __init__(self, binary: str | None = None, data_dir: str | Path | None = None,
-                 port: int | None = None) -> None:
+                 port: int | None = None, idle_timeout: str | None = None) -> None:
         found = binary or find_binary("minio")
         if not found:
             raise ToolError(
@@ -86,6 +86,9 @@ class MinioServer(Loopback):
         self.access_key = "ckpt" + secrets.token_hex(8)
         self.secret_key = "ckptsecret" + secrets.token_hex(16)
         self.bucket: str | None = None  # a bucket its user made and shares (the test session's)
+        # MinIO's hidden per-connection read/write deadline (MINIO_IDLE_TIMEOUT, default 30s),
+        # renewed on each read and write: a body that stops moving that long is answered 503.
+        self.idle_timeout = idle_timeout
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = self.data_dir.parent / f"minio-{self.port}.log" if self._tmp is None \
             else Path(self._tmp.name + ".log")
@@ -103,6 +106,8 @@ class MinioServer(Loopback):
     def start(self, timeout: float = 60.0) -> MinioServer:
         env = dict(os.environ, MINIO_ROOT_USER=self.access_key, MINIO_ROOT_PASSWORD=self.secret_key,
                    MINIO_BROWSER="off", MINIO_UPDATE="off", MINIO_CI_CD="1")
+        if self.idle_timeout is not None:
+            env["MINIO_IDLE_TIMEOUT"] = self.idle_timeout
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = processes.start(

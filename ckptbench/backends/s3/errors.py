@@ -78,9 +78,9 @@ def translate(exc: BaseException, where: str, endpoint: str, bucket: str,
             return BackendError(f"{where}: the endpoint kept throttling ({code or status}) on "
                                 f"every attempt; allowed: fewer ranks/threads"
                                 + (f", {limits}" if limits else ""))
-        if status and status >= 500:
+        if status and status >= 500:  # e.g. 503 RequestTimeout: a body that stopped moving
             return BackendError(f"{where}: server error {status} {code} on every attempt at "
-                                f"{endpoint}")
+                                f"{endpoint}" + (f"; allowed: {limits}" if limits else ""))
         message = str(err.get("Message", ""))[:200]
         return BackendError(f"{where}: {code or status}: {message}".rstrip(": "))
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
