@@ -188,7 +188,11 @@ def buffer_bytes_of(backend: Backend) -> int:
 
 def capabilities_of(cls: type[Backend]) -> dict[str, bool]:
     """What a backend class can do, as ``ckptbench backends`` lists it."""
-    return {"shared_file": issubclass(cls, SharedFileWrites),
+    protocols = {"shared_file": SharedFileWrites, "striping": Striping,
+                 "planned_reads": PlannedReads, "page_cache_control": PageCacheControl,
+                 "host_cache_control": HostCacheControl,
+                 "unfinished_uploads": UnfinishedUploads, "transfer_buffers": TransferBuffers}
+    return {**{name: issubclass(cls, proto) for name, proto in protocols.items()},
             **dataclasses.asdict(cls.capabilities)}
 
 

@@ -157,3 +157,6 @@ def test_backends_command_lists_every_backend(capsys: pytest.CaptureFixture[str]
     assert s3["capabilities"]["shared_file"] is False and "--part-size" in s3["options"]
     local = next(r for r in rows if r["backend"] == "local")
     assert local["capabilities"]["shared_file"] is True and list(local["options"]) == ["--io"]
+    assert s3["capabilities"]["unfinished_uploads"] and s3["capabilities"]["transfer_buffers"]
+    assert not local["capabilities"]["unfinished_uploads"]
+    assert local["capabilities"]["striping"] and not s3["capabilities"]["striping"]
