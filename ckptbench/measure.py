@@ -163,6 +163,9 @@ def check_settings(settings: Mapping[str, Any], fmt: str) -> None:
     if not settings["verify"] and fmt != "raw":
         raise SpecError(f"--no-verify needs --format raw (--format {fmt} always verifies); "
                         "allowed: drop --no-verify, or --format raw")
+    if settings.get("keep_tiers") and settings["mode"] == "async":
+        raise SpecError("--keep-tiers needs --mode sync (an async run's background "
+                        "replication keeps no copies for a relaunch); allowed: drop --keep-tiers")
     if settings["mode"] != "async":
         for opt in runspec.OPTIONS:
             if (opt.field.startswith("loop.") and opt.name in settings
