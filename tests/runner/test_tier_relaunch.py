@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_mpi import TINY, local, records
+from test_mpi import MPI_ENV, MPIRUN, TINY, local, needs_mpi, records
 
 from ckptbench.errors import SpecError
 from ckptbench.tierspec import parse_tiers
@@ -77,15 +77,19 @@ def kill_when_held(proc: subprocess.Popen[str], flags: list[Path]) -> str:
             proc.communicate()
 
 
-def test_a_node_killed_during_replication_relaunches_from_the_previous_checkpoint(
-        tmp_path: Path, shm: Path) -> None:
+def killed_and_relaunched(tmp_path: Path, shm: Path, launch: list[str],
+                          env: dict[str, str]) -> None:
+    """`launch` (a command before tier_hold_run.py) runs 4 processes on 2 nodes, memory and
+    peer tiers kept; node 1's processes are SIGKILLed while their replicas of checkpoint 3
+    are in flight; the relaunch restores checkpoint 2, node 1's shards from node 0's
+    replicas, verified, and removes every copy."""
     results, flag = tmp_path / "r.jsonl", tmp_path / "held"
     proc = subprocess.Popen(
-        [sys.executable, str(HOLD_RUN), "--at", "3", "--procs", "2,3", "--flag", str(flag),
-         "--", str(TINY), "--target", str(tmp_path / "t"), "--results", str(results),
-         "--memory-dir", str(shm), *TIERED, "--iterations", "5", "--keep-tiers"],
+        [*launch, sys.executable, str(HOLD_RUN), "--at", "3", "--procs", "2,3", "--flag",
+         str(flag), "--", str(TINY), "--target", str(tmp_path / "t"), "--results",
+         str(results), "--memory-dir", str(shm), *TIERED, "--iterations", "5", "--keep-tiers"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     err = kill_when_held(proc, [Path(f"{flag}.p2"), Path(f"{flag}.p3")])
     assert proc.returncode != 0, err[-2000:]
     recs = records(results)
@@ -104,6 +108,19 @@ def test_a_node_killed_during_replication_relaunches_from_the_previous_checkpoin
                for r in out for h in recs if h["type"] == "tier_held" and h["iteration"] == 2)
     assert "not held (cut off in flight), not restored: checkpoint(s) 3" in done.stdout
     assert copies(shm) == [] and not (shm / f"ckptbench-{run_id}").exists()
+
+
+def test_a_node_killed_during_replication_relaunches_from_the_previous_checkpoint(
+        tmp_path: Path, shm: Path) -> None:
+    killed_and_relaunched(tmp_path, shm, [], {})
+
+
+@needs_mpi
+def test_under_mpirun_a_node_killed_during_replication_relaunches(tmp_path: Path,
+                                                                   shm: Path) -> None:
+    """mpirun takes the whole job down when a rank is SIGKILLed; the copies stay."""
+    assert MPIRUN is not None
+    killed_and_relaunched(tmp_path, shm, [MPIRUN, "-np", "4", "--oversubscribe"], MPI_ENV)
 
 
 def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it(
