@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from ckptbench.errors import CkptbenchError, RunFailed, SpecError
+from ckptbench.fields import shown
+from ckptbench.runner.clean import RUN_ID
 from ckptbench.runner.tier_store import (
     copy_name,
     node_dir,
@@ -70,6 +72,10 @@ def load_kept(results: Path) -> Kept:
     if run is None:
         raise SpecError(f"{results}: not a ckptbench results file (no run record)")
     tiers = run.get("options", {}).get("tiers", {})
+    if not RUN_ID.fullmatch(str(run.get("run_id"))) or not isinstance(
+            tiers.get("memory_dir"), str):  # names to remove by: only a run's own
+        raise SpecError(f"{results}: run id {shown(run.get('run_id'))} or its memory "
+                        "directory is not one a run records; allowed: a run's results file")
     if not tiers.get("keep"):
         raise SpecError(f"{results}: run {run['run_id']} kept no tier copies; allowed: the "
                         "results of a run with --keep-tiers")

@@ -138,6 +138,10 @@ def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it
     assert copies(shm) == before  # the kept run's copies are not the other run's to touch
     done = relaunch(str(tmp_path / "none.jsonl"))
     assert done.returncode == 2 and "none.jsonl" in done.stderr
+    forged = tmp_path / "forged.jsonl"  # a run id that would name another directory
+    forged.write_text(kept.read_text().replace(run_id, "../" + run_id))
+    done = relaunch(str(forged), "--discard")
+    assert done.returncode == 2 and "run id '../" in done.stderr
 
     changed = node0 / "p1-ckpt2.bin"
     data = bytearray(changed.read_bytes())
