@@ -191,7 +191,7 @@ def test_keep_in_a_tiers_table_is_a_boolean() -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (("--mode", "async", "--tiers", "memory,peer"), "--keep-tiers needs --mode sync"),
+    (("--mode", "async", "--tiers", "memory,peer"), "--keep-tiers ([tiers] keep) needs --mode sync"),
     ((), "--keep-tiers needs tiers"),
 ])
 def test_keep_tiers_without_what_it_keeps_is_one_line(tmp_path: Path, args: tuple[str, ...],
