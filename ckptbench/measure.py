@@ -56,6 +56,9 @@ def build_request(workload: str | Path | Workload, target: str | None = None, *,
     codec = check_format(fmt, settings["codec"], plan, selected)
     settings["codec"] = codec.text() if fmt == "zarr" else "none"
     extra["tiers"] = tiers_of(command, full.tiers, settings, extra.pop("tiers_spec", None))
+    if extra["tiers"].keep and settings["mode"] == "async":
+        raise SpecError("--keep-tiers ([tiers] keep) needs --mode sync (an async run's "
+                        "background replication keeps no copies for a relaunch)")
     run_options = _run_options(settings, extra, fmt, run_workload.checkpoint.threads)
     ck = run_workload.checkpoint
     hints = IOHints(block_size=run_options.block_size, threads=run_options.threads,

@@ -47,7 +47,7 @@ LAUNCHERS = ("auto", "local", "mpi")
 TIER_KEYS = {"tiers": "use", "memory_dir": "memory_dir", "memory_budget": "memory_budget",
              "peer_replicas": "peer_replicas", "peer_placement": "placement",
              "ranks_per_node": "ranks_per_node", "storage_every": "storage_every",
-             "peer_transport": "peer_transport"}
+             "peer_transport": "peer_transport", "keep_tiers": "keep"}
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,9 @@ def _options() -> tuple[RunOption, ...]:
           "0, the launcher's hosts].", "async", kind="int", minimum=0),
         o("storage_every", "tiers: save every N-th checkpoint to TARGET [default: 1].",
           "async", kind="int", minimum=1),
+        o("keep_tiers", "tiers: leave the memory and peer copies when the run ends or dies, "
+          "for `ckptbench relaunch RESULTS` (which restores from them and removes them).",
+          "async", default=False, kind="bool"),
         # output
         o("results", "Results file (JSON Lines) [default: results/<workload>-<run id>.jsonl].",
           "output", ("run", "restore", "mlperf"), request=False),

@@ -24,7 +24,7 @@ TIER_NAMES = ("memory", "peer", "storage")
 PLACEMENTS = ("ring", "clique")
 TRANSPORTS = ("auto", "tcp")  # auto: MPI point-to-point under an MPI launcher, else TCP
 KEYS = ("use", "memory_dir", "memory_budget", "peer_replicas", "placement", "ranks_per_node",
-        "storage_every", "peer_transport")
+        "storage_every", "peer_transport", "keep")
 DEFAULT_MEMORY_DIR = "/dev/shm"
 MAX_REPLICAS = 64
 MAX_EVERY = 1 << 20
@@ -33,7 +33,7 @@ MAX_EVERY = 1 << 20
 FLAGS = {"use": "--tiers", "memory_dir": "--memory-dir", "memory_budget": "--memory-budget",
          "peer_replicas": "--peer-replicas", "placement": "--peer-placement",
          "ranks_per_node": "--ranks-per-node", "storage_every": "--storage-every",
-         "peer_transport": "--peer-transport"}
+         "peer_transport": "--peer-transport", "keep": "--keep-tiers"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class TiersSpec:
     ranks_per_node: int = 0  # 0: the launcher's hosts are the nodes
     storage_every: int = 1
     peer_transport: str = "auto"
+    keep: bool = False  # the copies outlive the run, for a relaunch (runner.tier_relaunch)
 
     @property
     def enabled(self) -> bool:
@@ -89,8 +90,11 @@ def parse_tiers(table: Mapping[str, Any], section: str = "tiers") -> TiersSpec:
     memory_dir = table.get("memory_dir", DEFAULT_MEMORY_DIR)
     if not isinstance(memory_dir, str) or not memory_dir or "\0" in memory_dir:
         raise SpecError(f"[{section}] memory_dir = {shown(memory_dir)}: allowed: a directory path")
+    keep = table.get("keep", False)
+    if not isinstance(keep, bool):
+        raise SpecError(f"[{section}] keep = {shown(keep)}: allowed: true or false")
     spec = TiersSpec(
-        use=use, memory_dir=memory_dir,
+        use=use, keep=keep, memory_dir=memory_dir,
         memory_budget=_budget(table.get("memory_budget", 0), f"[{section}] memory_budget"),
         peer_replicas=int_field(table, section, "peer_replicas", 1, maximum=MAX_REPLICAS),
         placement=choice_field(table, section, "placement", PLACEMENTS, "ring"),
@@ -114,7 +118,7 @@ def tiers_with_flags(base: TiersSpec, flags: Mapping[str, Any]) -> TiersSpec:
     typed; None: not given); errors name the flag."""
     values: dict[str, Any] = {}
     for key, value in flags.items():
-        if value is None:
+        if value is None or (key == "keep" and value is False):  # a flag's False: not given
             continue
         flag = FLAGS[key]
         if key == "use":
@@ -127,6 +131,8 @@ def tiers_with_flags(base: TiersSpec, flags: Mapping[str, Any]) -> TiersSpec:
                                        str(getattr(base, key)))
         elif key == "memory_dir":
             values[key] = str(value)
+        elif key == "keep":
+            values[key] = True
         else:
             low = 0 if key == "ranks_per_node" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -20,6 +20,7 @@ def cli() -> None:
     ckptbench plan WORKLOAD             what each rank writes
     ckptbench run WORKLOAD --target DIR save and restore, measured
     ckptbench restore CHECKPOINT        restore a kept checkpoint again, measured
+    ckptbench relaunch RESULTS          restore from a --keep-tiers run's tier copies
     ckptbench clean TARGET              list (--yes: remove) what ckptbench left there
     ckptbench report RESULTS            summarize a results file
     ckptbench sweep WORKLOAD --target D the same run at 1, 2, 4, 8 ranks per node
@@ -40,13 +41,14 @@ def _register() -> None:
         levels_cmd,
         mlperf_cmd,
         plan_cmd,
+        relaunch_cmd,
         report_cmd,
         restore_cmd,
         run_cmd,
         sweep_cmd,
     )
 
-    for module in (plan_cmd, run_cmd, restore_cmd, clean_cmd, report_cmd, sweep_cmd, cadence_cmd, levels_cmd, mlperf_cmd,
+    for module in (plan_cmd, run_cmd, restore_cmd, relaunch_cmd, clean_cmd, report_cmd, sweep_cmd, cadence_cmd, levels_cmd, mlperf_cmd,
                    backend_options):
         for command in module.COMMANDS:
             cli.add_command(command)

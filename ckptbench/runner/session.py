@@ -396,7 +396,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     finally:
         if lease is not None:
             lease.stop()
-        if launcher.kind == "local" and req.options.tiers.enabled:  # its processes are gone
+        tiers = req.options.tiers
+        if launcher.kind == "local" and tiers.enabled and not tiers.keep:  # processes gone
             remove_run_copies(req.options.tiers.memory_dir, names.run_id)
         if launcher.root:
             if not clean:  # bounded from here; after a stall, one short try (the budget)

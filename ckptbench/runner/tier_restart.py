@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.tier_storage import StoragePart
 
 
@@ -60,3 +61,18 @@ class Restart:
                 "baseline_s": statistics.median(bases) if bases else 0.0,
                 "baseline_rounds_s": bases,
                 "baseline": "plain copy" if tier == "memory" else "plain transfer"}
+
+
+def held_record(tp: TierPlan, run_id: str, it: int, files: list[list[tuple[str, int]]],
+                digests: list[list[int]]) -> dict[str, Any]:
+    """``tier_held``: checkpoint `it` is held by every tier (every copy complete, every
+    replica acknowledged), written by process 0 once all are, so a checkpoint cut off in
+    flight has none; where its copies are (by name: runner.tier_store's layout) and the
+    save's digests a relaunch checks them against (runner.tier_relaunch)."""
+    n = len(tp.node_of)
+    return {"type": "tier_held", "iteration": it, "run_id": run_id,
+            "memory_dir": tp.spec.memory_dir, "memory": tp.spec.has("memory"),
+            "node_of": list(tp.node_of),
+            "holders": [tp.holders(p) if tp.spec.has("peer") else [] for p in range(n)],
+            "files": [[[name, size] for name, size in f] for f in files],
+            "digests": digests}

@@ -46,7 +46,7 @@ from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
 from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
 from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
-from ckptbench.runner.tier_restart import Restart
+from ckptbench.runner.tier_restart import Restart, held_record
 from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
@@ -162,6 +162,8 @@ class TierRun:
             self.transport = "tcp-loopback" if loopback else "tcp"
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
+        self.files = everyone(self.comm, [(j.key.split("/", 1)[-1], j.size) for j in self.jobs]
+                              ) if self.spec.keep else []
         self.sizes: list[int] = everyone(self.comm, self.nbytes)
         self.state: np.ndarray | None = touched(self.nbytes)  # as a training state is
         # the plain copy's destination; the holder's plain transfers use it too
@@ -176,13 +178,14 @@ class TierRun:
         if self.kept and self.comm.rank == 0 and not self.o.keep:
             remove_checkpoint(self.run.backend, self.run.made,
                               self.run.plan.checkpoint_name(self.kept))
-        remove_names(self.mine)
+        if not self.spec.keep:  # kept: a relaunch reads them (runner.tier_relaunch)
+            remove_names(self.mine + (self.server.held if self.server is not None else []))
         if self.server is not None:
-            remove_names(self.server.held)
             self.server.close()
         if ok:
             self.comm.barrier()  # every process's names gone before the directories
-        remove_dirs(self.spec.memory_dir, self.o.run_id, [self.node])
+        if not self.spec.keep:
+            remove_dirs(self.spec.memory_dir, self.o.run_id, [self.node])
 
     # --- one checkpoint ---
     def _fill(self, it: int) -> list[int]:
@@ -238,6 +241,10 @@ class TierRun:
                          transport=self.transport, holders=holders,
                          replicas=len(holders))
         self.comm.barrier()  # every copy of `it` held: the oldest is let go
+        if self.spec.keep and self.run.sink is not None and it in self.expected:
+            self.run.sink.write(held_record(self.tp, self.o.run_id, it, self.files,
+                                            self.expected[it]))
+            self.run.sink.flush()  # in the results before the next checkpoint starts
         self._drop(it - HELD_COPIES)
 
     def _replicate(self, it: int, state: np.ndarray, holders: list[int]

@@ -1,0 +1,171 @@
+"""``ckptbench relaunch RESULTS``: the job relaunched after a run with ``--keep-tiers``
+ended or died (a node killed), restoring from the copies the run left in the memory and
+peer tiers, as Megatron-Core's local checkpointing (NVIDIA's resiliency extension) does.
+
+What the run left, found by name only (runner.tier_store's layout under the results' run
+id): each process's node copy and the replicas on its holders' nodes. What is held is what
+the results say: process 0 writes a ``tier_held`` record once every copy and replica of a
+checkpoint is complete (runner.tiers), so a checkpoint whose replication was cut off by
+the kill has none and is never restored, whatever part of it is on disk.
+
+The relaunch takes the newest held checkpoint every process's shard can be read for: from
+its node's copy, or, for the ranks of a replaced node (``replaced``: its memory is gone
+with it), from a replica on a surviving node. Every byte is checked against the save's
+digests in the record; a changed byte is one line naming the file and the copy. Each
+process's record says which tier (and node) served it. Once all are verified, the run's
+copies are removed, by the names the run gives them; after a failure they stay for
+another relaunch or ``--discard``. Not done here: shards no tier holds are not read from
+storage (the relaunch names them), and the relaunch reads in one process on this host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckptbench.errors import CkptbenchError, RunFailed, SpecError
+from ckptbench.fields import shown
+from ckptbench.runner.clean import RUN_ID
+from ckptbench.runner.tier_store import (
+    copy_name,
+    node_dir,
+    read_copy,
+    remove_run_copies,
+    run_dir,
+)
+from ckptbench.runner.tiers import first_mismatch
+
+CKPT = re.compile(r"(?:replica-)?p\d+-ckpt(\d+)\.bin(?:\.part)?")
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a results file says a run left in the tiers."""
+
+    results: Path
+    run_id: str
+    memory_dir: str
+    held: tuple[dict[str, Any], ...]  # tier_held records, oldest first
+
+    @property
+    def nodes(self) -> int:
+        return max(self.held[-1]["node_of"]) + 1 if self.held else 0
+
+
+def load_kept(results: Path) -> Kept:
+    """The run's kept copies per its results file; one line when it kept none."""
+    try:
+        lines = results.read_text().splitlines()
+    except OSError as exc:
+        raise SpecError(f"{results}: cannot read the results file ({exc.strerror})") from None
+    try:
+        recs = [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError:
+        raise SpecError(f"{results}: not a ckptbench results file (JSON Lines)") from None
+    run = next((r for r in recs if isinstance(r, dict) and r.get("type") == "run"), None)
+    if run is None:
+        raise SpecError(f"{results}: not a ckptbench results file (no run record)")
+    tiers = run.get("options", {}).get("tiers", {})
+    if not RUN_ID.fullmatch(str(run.get("run_id"))) or not isinstance(
+            tiers.get("memory_dir"), str):  # names to remove by: only a run's own
+        raise SpecError(f"{results}: run id {shown(run.get('run_id'))} or its memory "
+                        "directory is not one a run records; allowed: a run's results file")
+    if not tiers.get("keep"):
+        raise SpecError(f"{results}: run {run['run_id']} kept no tier copies; allowed: the "
+                        "results of a run with --keep-tiers")
+    held = tuple(r for r in recs if r.get("type") == "tier_held"
+                 and r.get("run_id") == run["run_id"])
+    return Kept(results, run["run_id"], tiers["memory_dir"], held)
+
+
+def _candidates(kept: Kept, rec: dict[str, Any], proc: int, replaced: set[int]
+                ) -> list[tuple[str, int, Path]]:
+    """Where process `proc`'s shard of `rec`'s checkpoint may be: (tier, node, path), its
+    node's copy first, then its replicas; none on a replaced node."""
+    it, node_of = rec["iteration"], rec["node_of"]
+    out = []
+    if rec["memory"] and node_of[proc] not in replaced:
+        out.append(("memory", node_of[proc],
+                    node_dir(kept.memory_dir, kept.run_id, node_of[proc]) / copy_name(proc, it)))
+    for h in rec["holders"][proc]:
+        if node_of[h] not in replaced:
+            out.append(("peer", node_of[h], node_dir(kept.memory_dir, kept.run_id, node_of[h])
+                        / copy_name(proc, it, replica=True)))
+    return out
+
+
+def choose(kept: Kept, replaced: set[int]
+           ) -> tuple[dict[str, Any], list[tuple[str, int, Path]], list[str]]:
+    """The newest held checkpoint every shard has a copy of, where each is read from, and
+    why each newer held one was passed over."""
+    passed: list[str] = []
+    for rec in reversed(kept.held):
+        sources: list[tuple[str, int, Path]] = []
+        for proc in range(len(rec["node_of"])):
+            found = [c for c in _candidates(kept, rec, proc, replaced) if c[2].is_file()]
+            if not found:
+                tried = ", ".join(str(c[2]) for c in _candidates(kept, rec, proc, replaced))
+                passed.append(f"checkpoint {rec['iteration']}: no copy of process {proc}'s "
+                              f"shard is left (tried: {tried or 'none outside the replaced nodes'})")
+                break
+            sources.append(found[0])
+        else:
+            return rec, sources, passed
+    if not kept.held:
+        raise RunFailed(f"{kept.results}: run {kept.run_id} held no checkpoint in its tiers",
+                        "missing")
+    raise RunFailed(passed[0], "missing")
+
+
+def on_disk(kept: Kept) -> list[int]:
+    """The checkpoints any copy or part of is in the run's directories (by name)."""
+    base = run_dir(kept.memory_dir, kept.run_id)
+    found = {int(m.group(1)) for d in (base.glob("node*") if base.is_dir() else [])
+             for f in d.iterdir() if (m := CKPT.fullmatch(f.name))}
+    return sorted(found)
+
+
+def relaunch(kept: Kept, replaced: set[int]) -> list[dict[str, Any]]:
+    """Restore every process's shard from the tiers and verify it; the records (one per
+    process). The copies stay: the caller removes them (:func:`discard`) once the records
+    are written."""
+    if kept.held and not replaced <= set(range(kept.nodes)):
+        raise SpecError(f"--replaced-node {sorted(replaced - set(range(kept.nodes)))[0]}: "
+                        f"allowed: a node of the run, 0-{kept.nodes - 1}")
+    rec, sources, passed = choose(kept, replaced)
+    it = rec["iteration"]
+    held = {r["iteration"] for r in kept.held}
+    not_held = [i for i in on_disk(kept) if i not in held]
+    out: list[dict[str, Any]] = []
+    for proc, (tier, node, path) in enumerate(sources):
+        files = [(name, size) for name, size in rec["files"][proc]]
+        data = np.empty(sum(size for _, size in files), dtype=np.uint8)
+        t0 = time.perf_counter()
+        try:
+            read_copy(path, data)
+        except OSError as exc:
+            raise RunFailed(f"checkpoint {it}: process {proc}'s shard: {exc}", "missing") from None
+        seconds = time.perf_counter() - t0
+        bad = first_mismatch(data, files, rec["digests"][proc])
+        if bad is not None:
+            raise RunFailed(f"checkpoint {it}: process {proc}'s shard: file {bad} in {path} "
+                            "differs from the save's digest", "verify")
+        out.append({"type": "tier_relaunch", "run_id": kept.run_id, "iteration": it,
+                    "process": proc, "node": rec["node_of"][proc], "tier": tier,
+                    "from_node": node, "copy": str(path), "bytes": int(data.nbytes),
+                    "seconds": seconds, "verified": True, "replaced_nodes": sorted(replaced),
+                    "not_held": not_held, "passed_over": passed})
+    return out
+
+
+def discard(kept: Kept) -> None:
+    """The run's copies removed by name (nothing else in its directories)."""
+    if not kept.memory_dir:
+        raise CkptbenchError(f"{kept.results}: no memory directory recorded")
+    remove_run_copies(kept.memory_dir, kept.run_id)
