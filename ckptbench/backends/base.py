@@ -2,15 +2,12 @@
 
 Keys are '/'-separated paths relative to the target. A backend never times itself or
 prints: the runner owns the clock and wraps each call (open, write, sync, close, read).
-A backend is a small core, the abstract methods: open a key for write and for read, the
-handles' write, sync and readinto, delete by name, list names. Everything else
-:class:`Backend` has a default built on that core (small atomic objects, the target
-marker, the run directories) that a backend may override for speed, and optional
-capabilities, each a protocol a backend has by defining its methods: N-1 writes
-(:class:`SharedFileWrites`), :class:`Striping`, :class:`PlannedReads`, page-cache control
-(:class:`PageCacheControl`, :class:`HostCacheControl`), :class:`UnfinishedUploads`,
-:class:`TransferBuffers`. A run that needs one the backend
-lacks is refused in one line before anything is created (:meth:`Backend.check_run`).
+A backend is a small core (open a key for write and for read, the handles' write, sync
+and readinto, delete by name, list names); the rest of :class:`Backend` are defaults built
+on it that a backend may override for speed, and optional capabilities are protocols a
+backend has by defining their methods (N-1 writes, striping, planned reads, cache control,
+unfinished uploads, transfer buffers). A run that needs one the backend lacks is refused
+in one line before anything is created (:meth:`Backend.check_run`).
 """
 
 from __future__ import annotations
@@ -100,11 +97,6 @@ class Capabilities:
     multi_process: bool = True  # what one process writes, the others can read
 
 
-# Optional capabilities: a backend has one by defining its methods. Each is resolved once,
-# where a run is set up (Backend.check_run refuses a run that needs one it lacks; the
-# runner and formats then hold the backend as that capability, or do without).
-
-
 @runtime_checkable
 class SharedFileWrites(Protocol):
     """N-1: one file written by several ranks, each its own region."""
@@ -190,8 +182,8 @@ def capabilities_of(cls: type[Backend]) -> dict[str, bool]:
     """What a backend class can do, as ``ckptbench backends`` lists it."""
     protocols = {"shared_file": SharedFileWrites, "striping": Striping,
                  "planned_reads": PlannedReads, "page_cache_control": PageCacheControl,
-                 "host_cache_control": HostCacheControl,
-                 "unfinished_uploads": UnfinishedUploads, "transfer_buffers": TransferBuffers}
+                 "host_cache_control": HostCacheControl, "unfinished_uploads":
+                 UnfinishedUploads, "transfer_buffers": TransferBuffers}
     return {**{name: issubclass(cls, proto) for name, proto in protocols.items()},
             **dataclasses.asdict(cls.capabilities)}
 
