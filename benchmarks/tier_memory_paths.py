@@ -109,13 +109,13 @@ def _time_steps(steps: dict[str, Callable[[], None]], rounds: int, bar: Any,
     return times
 
 
-def _worker(i: int, nbytes: int, rounds: int, pid: int, addr: int, bar: Any, q: Any
-            ) -> None:
+def _worker(i: int, nbytes: int, rounds: int, directory: str, pid: int, addr: int,
+            bar: Any, q: Any) -> None:
     src = np.empty(nbytes, np.uint8)  # the state, as numpy allocates it
     src[:] = np.frombuffer(np.random.default_rng(i).bytes(nbytes), np.uint8)
     dst = np.empty(nbytes, np.uint8)
     dst.fill(1)
-    path = f"/dev/shm/ckptbench-memprobe-{os.getpid()}.bin"
+    path = f"{directory}/ckptbench-memprobe-{os.getpid()}.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, nbytes)
@@ -157,7 +157,18 @@ def _worker(i: int, nbytes: int, rounds: int, pid: int, addr: int, bar: Any, q: 
     q.put({n: statistics.median(v) for n, v in times.items()})
 
 
-def probe(processes: int, nbytes: int, rounds: int) -> dict[str, float]:
+def mount_options(directory: str) -> str:
+    """The options of the mount `directory` is on (a tmpfs's ``huge=`` among them)."""
+    best, options = "", "?"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, point, _, opts, *_ = line.split()
+        if (directory + "/").startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, options = point, opts
+    return options
+
+
+def probe(processes: int, nbytes: int, rounds: int, directory: str = "/dev/shm"
+          ) -> dict[str, float]:
     """Median over processes of each one's median seconds."""
     pipes, agents = [], []
     for _ in range(processes):
@@ -167,7 +178,8 @@ def probe(processes: int, nbytes: int, rounds: int) -> dict[str, float]:
         pipes.append(mine)
         agents.append(a)
     where = [p.recv() for p in pipes]
-    med = at_once(_worker, [(i, nbytes, rounds, *where[i]) for i in range(processes)])
+    med = at_once(_worker, [(i, nbytes, rounds, directory, *where[i])
+                            for i in range(processes)])
     for c, a in zip(pipes, agents, strict=True):
         c.send(None)
         a.join()
@@ -180,12 +192,15 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=45, help="one process's shard (scale 16)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=1, help="probes, each a fresh set")
+    ap.add_argument("--dir", default="/dev/shm", help="where the copy's file lives (a tmpfs; "
+                    "one mounted with huge=always holds it in 2 MiB pages)")
     a = ap.parse_args()
     thp = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read_text().strip()
-    print(f"shmem_enabled: {thp}; {a.processes} processes x {a.mib} MiB, {a.rounds} rounds")
+    print(f"shmem_enabled: {thp}; {a.dir}: {mount_options(a.dir)}; "
+          f"{a.processes} processes x {a.mib} MiB, {a.rounds} rounds")
     for _ in range(a.repeat):
         load0 = os.getloadavg()[0]
-        med = probe(a.processes, a.mib << 20, a.rounds)
+        med = probe(a.processes, a.mib << 20, a.rounds, a.dir)
         load = f"load {load0:.1f}-{os.getloadavg()[0]:.1f}"
         base = med["copy"]
         for n, s in med.items():

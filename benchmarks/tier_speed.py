@@ -80,12 +80,13 @@ def async_run(rpn: int, scale: int, workdir: Path, tag: str) -> dict[str, Any]:
             ["over_baseline"]["peer"]}
 
 
-def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, tag: str
-            ) -> dict[str, Any]:
+def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, tag: str,
+            memory_dir: str | None = None) -> dict[str, Any]:
     rpn, k = cfg
     rows, (load0, load1) = _ckptbench(
         ["--scale", str(scale), "--tiers", "memory,peer,storage", "--ranks-per-node", str(rpn),
-         "--peer-replicas", str(k), "--iterations", str(iterations), "--storage-every", "2"],
+         "--peer-replicas", str(k), "--iterations", str(iterations), "--storage-every", "2",
+         *(["--memory-dir", memory_dir] if memory_dir else [])],
         workdir, tag)
     mem, peer = rows[("tier_summary", "memory")], rows[("tier_summary", "peer")]
     proc, node = rows[("tier_restore_summary", "process")], rows[("tier_restore_summary", "node")]
@@ -167,6 +168,8 @@ def main() -> None:
     ap.add_argument("--async-rounds", type=int, default=0,
                     help="runs of --mode async with the peer tier in the background (2 nodes)")
     ap.add_argument("--probe-mib", type=int, default=45, help="one process's shard at scale 16")
+    ap.add_argument("--memory-dir", help="the memory tier's directory [default: the run's, "
+                    "/dev/shm]; a tmpfs mounted with huge=always holds copies in 2 MiB pages")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
     if a.probe:
@@ -186,7 +189,8 @@ def main() -> None:
     print("nodes k load(before,after) " + " ".join(cols))
     for rnd in range(a.rounds):
         for cfg in configs if rnd % 2 == 0 else configs[::-1]:
-            r = one_run(cfg, a.scale, a.iterations, a.dir, f"r{rnd}-{cfg[0]}-{cfg[1]}")
+            r = one_run(cfg, a.scale, a.iterations, a.dir, f"r{rnd}-{cfg[0]}-{cfg[1]}",
+                        a.memory_dir)
             runs.append(r)
             print(f"{r['nodes']} {r['k']} {r['load'][0]:.1f},{r['load'][1]:.1f} "
                   + " ".join(_f(r[c]) for c in cols), flush=True)

@@ -132,15 +132,22 @@ def touched(nbytes: int) -> np.ndarray:
 def read_copy(path: Path, out: np.ndarray) -> None:
     """A held copy read into `out` (a restarted process's state, allocated before).
 
-    One ``read`` into `out`: the kernel copies from the tmpfs pages. Mapping the file and
-    copying in user space costs more here: filling the page table of a new 4 KiB-page
-    mapping (tmpfs has no huge pages unless mounted with ``huge=``) took longer than the
-    kernel's copy, 8 processes at once (benchmarks/results/2026-12-tier-speed.md)."""
+    The file is mapped with ``MAP_POPULATE`` (its page table filled in one call) and copied
+    once in user space. On a tmpfs mounted with ``huge=always`` the mapping is 2 MiB pages
+    and this ran at 0.82-0.86x a plain memcpy, 8 processes at once, where one ``read`` ran
+    at 0.36-0.46x (the kernel copies 4 KiB at a time); on a 4 KiB-page tmpfs (``/dev/shm``
+    here) both ran at 0.3-0.4x (benchmarks/results/2026-12-03-tier-speed.md)."""
     with open(path, "rb", buffering=0) as f:
-        got = f.readinto(out.data)
         size = os.fstat(f.fileno()).st_size
-    if got != out.nbytes or size != out.nbytes:
-        raise OSError(f"{path}: {size} bytes, the shard has {out.nbytes}")
+        if size != out.nbytes:
+            raise OSError(f"{path}: {size} bytes, the shard has {out.nbytes}")
+        if size == 0:
+            return
+        with mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                       prot=mmap.PROT_READ) as mapped:
+            held = np.frombuffer(mapped, np.uint8)
+            np.copyto(out.reshape(-1).view(np.uint8), held)
+            del held  # the mapping closes only once no view of it is left
 
 
 def remove_names(paths: list[Path]) -> None:
