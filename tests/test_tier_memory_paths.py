@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -20,22 +22,24 @@ PATHS = ("copy", "tmpfs read", "tmpfs read 1MiB", "tmpfs map+populate", "tmpfs p
          "agent pull", "write: tmpfs mapping", "write: agent push")
 
 
-def _probe_files() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("ckptbench-memprobe-")}
-
-
 def test_every_path_is_timed_next_to_the_copy_and_nothing_is_left() -> None:
-    before = _probe_files()
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tier_memory_paths.py"),
-                          "--processes", "2", "--mib", "4", "--rounds", "2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    shm = Path(tempfile.mkdtemp(prefix="ckb-memprobe-test-", dir="/dev/shm"))
+    try:
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tier_memory_paths.py"),
+                              "--processes", "2", "--mib", "4", "--rounds", "2",
+                              "--dir", str(shm)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        left = os.listdir(shm)
+    finally:
+        shutil.rmtree(shm)
     assert out.returncode == 0, out.stderr
+    assert f"{shm}: rw" in out.stdout  # the mount of the directory the copies were in
     for name in PATHS:
         row = re.search(rf"^  {re.escape(name)}\s+[\d.]+ ms  (copy / time|time / copy) "
                         r"([\d.]+)  \(load ", out.stdout, re.M)
         assert row, (name, out.stdout)
     assert re.search(r"^  copy\s+[\d.]+ ms  copy / time 1\.00 ", out.stdout, re.M)
-    assert _probe_files() <= before
+    assert left == []
 
 
 def test_process_vm_copies_move_the_bytes_both_ways() -> None:
