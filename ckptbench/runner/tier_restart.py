@@ -29,7 +29,7 @@ GROUP_ORDER = ("baseline", "read")
 # In a node restart the replaced node's processes fetch in this order, beside the others'
 # RESTART_ORDER: each fetch and each plain transfer runs beside as many of their memory
 # reads as of their plain copies, and the reverse. In one order a fetch ran beside the
-# others' tmpfs reads (3-5x a memcpy's CPU, on the CPUs the emulated nodes share) and its
+# others' memory reads (2-5x a memcpy's time, on the CPUs the emulated nodes share) and its
 # reference beside their memcpys only (benchmarks/results/2026-12-03-tier-speed.md, 5).
 FETCH_ORDER = ("read", "baseline", "baseline", "read", "read", "baseline", "baseline", "read")
 

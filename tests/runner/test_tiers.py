@@ -447,8 +447,8 @@ def test_removing_a_runs_copies_takes_its_names_only_and_follows_no_link(tmp_pat
 
 def test_a_node_restarts_fetches_and_their_plain_transfers_run_beside_alike_neighbours(
         ) -> None:
-    """In a node restart the surviving processes read their memory copies (a tmpfs read,
-    3-5x a memcpy's CPU on one host) or make their plain copies while the replaced node's
+    """In a node restart the surviving processes read their memory copies (2-5x the time
+    of a memcpy on one host) or make their plain copies while the replaced node's
     processes fetch from peers or make their plain transfers. Each fetch round and each
     plain-transfer round runs beside as many of the survivors' reads as of their copies,
     and each survivor's read and copy beside as many fetches as plain transfers: neither
