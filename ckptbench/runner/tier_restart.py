@@ -1,8 +1,8 @@
 """One process's part of a restart scenario (runner.tiers): what serves it, where its
 bytes go, and the clock readings of its rounds, made into its ``tier_restore`` record.
 
-A restart's reads are interleaved with their baselines (A B B A A B, runner.tiers'
-RESTART_ORDER) so that a machine whose load drifts slows both alike; the record keeps
+A restart's reads are interleaved with their baselines (A B B A B A A B,
+restart_rounds below) so that a machine whose load drifts slows both alike; the record keeps
 every round (``rounds_s``, ``baseline_rounds_s``) and their medians (``seconds``,
 ``baseline_s``), and the first read's clock readings (``start_ns``, ``end_ns``).
 """
@@ -18,6 +18,30 @@ import numpy as np
 
 from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.tier_storage import StoragePart
+
+# A restart's reads interleaved with their baselines (A B B A B A A B: each kind's rounds
+# at positions of the same sum): a machine whose load drifts slows both alike; the records
+# keep every round and their medians. The last round is a read: its bytes are verified.
+# The group restart runs one of each: its storage read is cold (evicted first), as after
+# a save.
+RESTART_ORDER = ("baseline", "read", "read", "baseline", "read", "baseline", "baseline", "read")
+GROUP_ORDER = ("baseline", "read")
+# In a node restart the replaced node's processes fetch in this order, beside the others'
+# RESTART_ORDER: each fetch and each plain transfer runs beside as many of their memory
+# reads as of their plain copies, and the reverse. In one order a fetch ran beside the
+# others' memory reads (2-5x a memcpy's time, on the CPUs the emulated nodes share) and its
+# reference beside their memcpys only (benchmarks/results/2026-12-03-tier-speed.md, 5).
+FETCH_ORDER = ("read", "baseline", "baseline", "read", "read", "baseline", "baseline", "read")
+
+
+def restart_rounds(scenario: str) -> list[tuple[str, str]]:
+    """Per round of a restart scenario: (what a process served by its own node's memory or
+    by storage does, what a process fetching from a peer does)."""
+    if scenario == "group":
+        return list(zip(GROUP_ORDER, GROUP_ORDER, strict=True))
+    fetches = FETCH_ORDER if scenario == "node" else RESTART_ORDER
+    return list(zip(RESTART_ORDER, fetches, strict=True))
+
 
 
 def _no_rounds() -> dict[str, list[tuple[int, int]]]:

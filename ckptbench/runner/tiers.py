@@ -46,7 +46,7 @@ from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
 from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
 from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
-from ckptbench.runner.tier_restart import Restart, held_record
+from ckptbench.runner.tier_restart import Restart, held_record, restart_rounds
 from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
@@ -61,13 +61,6 @@ from ckptbench.runner.tier_store import (
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
-
-
-# A restart's reads interleaved with their baselines (A B B A A B): a machine whose load
-# drifts slows both alike; the records keep every round and their medians. The group
-# restart runs one of each: its storage read is cold (evicted first), as after a save.
-RESTART_ORDER = ("baseline", "read", "read", "baseline", "baseline", "read")
-GROUP_ORDER = ("baseline", "read")
 
 
 def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
@@ -303,7 +296,7 @@ class TierRun:
         copies), then the read back into memory allocated before the clock starts (a
         framework builds its model before it loads) interleaved with its baseline (a plain
         copy of the same bytes, or a plain transfer of them from the same holder), every
-        process at once, in RESTART_ORDER; verified once every process's bytes are in. In
+        process at once, in the order of restart_rounds; verified once all bytes are in. In
         the group scenario storage serves what no tier holds, beside the tiers."""
         held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
         source = self.tp.serving_tier(self.proc, lost) if held else None
@@ -318,10 +311,11 @@ class TierRun:
         if scenario == "group":  # storage is read cold, as after its own save
             self.run.evict(it)
         error: str | None = None
-        for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
+        fetching = source is not None and source[0] == "peer"
+        for own, fetch_step in restart_rounds(scenario):
             self.comm.barrier()
             try:  # a collective part is entered after an error too: none waits for it
-                self._round(step, r, error)
+                self._round(fetch_step if fetching else own, fetch_step, r, error)
             except BaseException as exc:
                 error = error or (str(exc) if isinstance(exc, RunFailed)
                                   else describe_error(exc)[1])
@@ -348,13 +342,14 @@ class TierRun:
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
 
-    def _round(self, step: str, r: Restart, error: str | None) -> None:
+    def _round(self, step: str, fetch_step: str, r: Restart, error: str | None) -> None:
         """One round of a restart, every process at once: the read into `r.data` or its
-        baseline, its clock readings kept in `r`. Its collective parts (an MPI exchange,
-        the group's storage read) are entered after an `error` too, nothing else."""
+        baseline (`step`; the peer fetches' `fetch_step`), its clock readings kept in `r`.
+        Its collective parts (an MPI exchange, the group's storage read) are entered after
+        an `error` too, nothing else."""
         mpi = self.mpi is not None and self.spec.has("peer")
         t = now()
-        got = self._mpi_fetch(r, plain=step == "baseline") if mpi else True  # collective
+        got = self._mpi_fetch(r, plain=fetch_step == "baseline") if mpi else True
         if step == "read" and r.scenario == "group":
             def serve() -> tuple[int, int]:
                 if error:

@@ -24,6 +24,7 @@ from test_mpi import TINY, local, mpirun, needs_mpi, records
 
 from ckptbench.payload import digest
 from ckptbench.runner.tier_peer import HEADER, PUT, PeerServer, fetch, send
+from ckptbench.runner.tier_restart import restart_rounds
 from ckptbench.runner.tier_store import copy_name, read_copy
 from ckptbench.runner.tiers import first_mismatch
 
@@ -328,7 +329,7 @@ def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
 def test_restarts_read_in_rounds_between_their_baselines_over_mpi_and_tcp(
         tmp_path: Path, memory_dir: Path, transport: str) -> None:
     """Under mpirun, over MPI point-to-point and over TCP: the process and node restarts
-    read 3 times between 3 baselines (A B B A A B), the record's seconds the medians; the
+    read 4 times between 4 baselines (A B B A B A A B), the record's seconds the medians; the
     group restart (storage read cold) once each; every shard verified."""
     recs = tiered(tmp_path, memory_dir, "--tiers", "memory,peer,storage", "--ranks-per-node",
                   "1", "--iterations", "2", "--storage-every", "2", "--peer-transport",
@@ -338,7 +339,7 @@ def test_restarts_read_in_rounds_between_their_baselines_over_mpi_and_tcp(
     restores = [r for r in recs if r["type"] == "tier_restore"]
     assert {r["scenario"] for r in restores} == {"process", "node", "group"}
     for r in restores:
-        n = 1 if r["scenario"] == "group" else 3
+        n = 1 if r["scenario"] == "group" else 4
         assert len(r["rounds_s"]) == n and r["seconds"] == statistics.median(r["rounds_s"])
         assert r["verified"]
         if r["tier"] != "storage":
@@ -442,3 +443,25 @@ def test_removing_a_runs_copies_takes_its_names_only_and_follows_no_link(tmp_pat
     assert (outside / "p0-ckpt1.bin").read_bytes() == b"theirs"
     assert (node0.parent / "node1").is_symlink()
     remove_run_copies(str(tmp_path), "run-2")  # nothing there: nothing done
+
+
+def test_a_node_restarts_fetches_and_their_plain_transfers_run_beside_alike_neighbours(
+        ) -> None:
+    """In a node restart the surviving processes read their memory copies (2-5x the time
+    of a memcpy on one host) or make their plain copies while the replaced node's
+    processes fetch from peers or make their plain transfers. Each fetch round and each
+    plain-transfer round runs beside as many of the survivors' reads as of their copies,
+    and each survivor's read and copy beside as many fetches as plain transfers: neither
+    ratio is a comparison of different neighbours. Every scenario still alternates its
+    reads and baselines, equally many of each, and ends with a read."""
+    for scenario in ("process", "node", "group"):
+        rounds = restart_rounds(scenario)
+        for side in (0, 1):
+            steps = [r[side] for r in rounds]
+            assert steps.count("read") == steps.count("baseline") >= 1
+            assert steps[-1] == "read"  # the bytes verified are a read's, not a baseline's
+    node = restart_rounds("node")
+    for mine in ("read", "baseline"):
+        for side in (0, 1):
+            beside = [r[1 - side] for r in node if r[side] == mine]
+            assert beside.count("read") == beside.count("baseline"), (side, mine, beside)
