@@ -166,7 +166,7 @@ def remove_dirs(memory_dir: str, run_id: str, nodes: list[int]) -> None:
         run_dir(memory_dir, run_id).rmdir()
 
 
-COPY_NAME = re.compile(r"(replica-)?p\d+-ckpt\d+\.bin(\.part)?")
+COPY_NAME = re.compile(r"(?:replica-)?p\d+-ckpt(\d+)\.bin(?:\.part)?")  # 1: the checkpoint
 NODE_DIR = re.compile(r"node\d+")
 
 
