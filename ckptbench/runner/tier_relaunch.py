@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptbench.errors import CkptbenchError, RunFailed, SpecError
+from ckptbench.errors import RunFailed, SpecError
 from ckptbench.fields import shown
 from ckptbench.records import read_records
 from ckptbench.runner.clean import RUN_ID
@@ -67,7 +67,8 @@ def load_kept(results: Path) -> Kept:
     options = run.get("options")
     tiers = options.get("tiers") if isinstance(options, dict) else None
     if not isinstance(tiers, dict) or not RUN_ID.fullmatch(str(run.get("run_id"))) \
-            or not isinstance(tiers.get("memory_dir"), str):  # names to remove by: a run's
+            or not isinstance(tiers.get("memory_dir"), str) or not tiers["memory_dir"]:
+        # the names to remove by: only a run's own
         raise SpecError(f"{results}: run id {shown(run.get('run_id'))} or its memory "
                         "directory is not one a run records; allowed: a run's results file")
     if not tiers.get("keep"):
@@ -198,6 +199,4 @@ def relaunch(kept: Kept, replaced: set[int]) -> list[dict[str, Any]]:
 
 def discard(kept: Kept) -> None:
     """The run's copies removed by name (nothing else in its directories)."""
-    if not kept.memory_dir:
-        raise CkptbenchError(f"{kept.results}: no memory directory recorded")
     remove_run_copies(kept.memory_dir, kept.run_id)
