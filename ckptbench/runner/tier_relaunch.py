@@ -137,9 +137,10 @@ def choose(kept: Kept, replaced: set[int]
     for rec in reversed(kept.held):
         sources: list[tuple[str, int, Path]] = []
         for proc in range(len(rec["node_of"])):
-            found = [c for c in _candidates(kept, rec, proc, replaced) if c[2].is_file()]
+            candidates = _candidates(kept, rec, proc, replaced)
+            found = [c for c in candidates if c[2].is_file()]
             if not found:
-                tried = ", ".join(str(c[2]) for c in _candidates(kept, rec, proc, replaced))
+                tried = ", ".join(str(c[2]) for c in candidates)
                 passed.append(f"checkpoint {rec['iteration']}: no copy of process {proc}'s "
                               f"shard is left (tried: {tried or 'none outside the replaced nodes'})")
                 break
