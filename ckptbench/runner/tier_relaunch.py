@@ -20,6 +20,7 @@ storage (the relaunch names them), and the relaunch reads in one process on this
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,11 @@ from ckptbench.records import read_records
 from ckptbench.runner.clean import RUN_ID
 from ckptbench.runner.tier_store import (
     COPY_NAME,
+    NODE_DIR,
     copy_name,
     node_dir,
     read_copy,
+    real_dir,
     remove_run_copies,
     run_dir,
 )
@@ -156,8 +159,10 @@ def choose(kept: Kept, replaced: set[int]
 def on_disk(kept: Kept) -> list[int]:
     """The checkpoints any copy or part of is in the run's directories (by name)."""
     base = run_dir(kept.memory_dir, kept.run_id)
-    found = {int(m.group(1)) for d in (base.glob("node*") if base.is_dir() else [])
-             for f in d.iterdir() if (m := COPY_NAME.fullmatch(f.name))}
+    nodes = [base / d for d in os.listdir(base) if NODE_DIR.fullmatch(d)] \
+        if real_dir(base) else []
+    found = {int(m.group(1)) for d in nodes if real_dir(d)
+             for f in os.listdir(d) if (m := COPY_NAME.fullmatch(f))}
     return sorted(found)
 
 

@@ -201,6 +201,11 @@ def test_an_altered_results_file_is_one_line_and_the_copies_stay(
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     assert f"the shard has {1 << 50}" in done.stderr
     assert copies(shm) == before
+    stray = shm / f"ckptbench-{recs[0]['run_id']}" / "node9"  # a file, not a node's directory
+    stray.write_text("not ckptbench's")
+    done = relaunch(str(kept), "--out", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert copies(shm) == [stray.relative_to(shm).as_posix()]
 
 
 def test_a_lost_memory_copy_is_served_by_its_peer(
