@@ -30,6 +30,7 @@ import argparse
 import mmap
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -142,9 +143,21 @@ def at_once(target: Any, args: list[tuple[Any, ...]]) -> dict[str, float]:
     procs = [mp.Process(target=target, args=(*a, bar, q)) for a in args]
     for p in procs:
         p.start()
-    got = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
+    got: list[dict[str, float]] = []
+    try:
+        while len(got) < len(procs):
+            try:
+                got.append(q.get(timeout=1.0))
+            except queue.Empty:  # one that died never sends: the probe ends, not waits
+                failed = next((p for p in procs if p.exitcode not in (None, 0)), None)
+                if failed is not None:
+                    raise SystemExit(f"a probe process ended with exit code "
+                                     f"{failed.exitcode}") from None
+    finally:
+        for p in procs:
+            if len(got) < len(procs):  # the others may wait at the barrier for it
+                p.kill()
+            p.join()
     return {k: statistics.median(g[k] for g in got) for k in got[0]}
 
 

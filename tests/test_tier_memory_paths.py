@@ -60,3 +60,26 @@ def test_a_path_that_restores_other_bytes_is_caught() -> None:
     ok = {"copy": lambda: np.copyto(dst, src), "tmpfs read": lambda: np.copyto(dst, src)}
     times = _time_steps(ok, 2, bar, lambda: np.array_equal(dst, src))
     assert times is not None and [len(v) for v in times.values()] == [2, 2]
+
+
+FAILING = """
+from benchmarks.tier_speed import at_once
+
+def probe(i, bar, q):
+    if i == 1:
+        raise SystemExit("process 1: a path restored other bytes")
+    bar.wait()  # for a process that is gone
+    q.put({"copy": 1.0})
+
+at_once(probe, [(0,), (1,)])
+"""
+
+
+def test_a_probe_process_that_fails_ends_the_probe() -> None:
+    """A process that exits without its figures (a path restored other bytes) ends the
+    probe, never leaves it waiting for them, nor its other processes at the barrier."""
+    out = subprocess.run([sys.executable, "-c", FAILING], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0
+    assert "process 1: a path restored other bytes" in out.stderr
+    assert "a probe process ended with exit code 1" in out.stderr

@@ -23,7 +23,6 @@ checkpoint sends over TCP, on sockets of its own.
 
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any
 
@@ -34,8 +33,8 @@ from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.payload import ChunkHasher
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.runner.comm import Comm
-from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
-from ckptbench.runner.tier_peer import GET, PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA
+from ckptbench.runner.tier_peer import GET, PUT, SINK, SOURCE, fetch, open_links, send, send_all
 from ckptbench.runner.tier_store import (
     PreparedCopy,
     make_dirs,
@@ -64,20 +63,9 @@ class BackgroundReplication:
         self.proc = comm.rank
         self.node = tplan.node_of[self.proc]
         self.nbytes = nbytes
-        machine = socket.gethostname()  # reached at the machine's name, as runner.tiers
-        machines = everyone(comm, machine)
-        loopback = len(set(machines)) == 1
         make_dirs(tplan.spec.memory_dir, run_id, self.node)
-        self.mpi = (MpiPeers(comm) if comm.kind == "mpi" and tplan.spec.peer_transport == "auto"
-                    else None)
-        bind = None if self.mpi is not None else "127.0.0.1" if loopback else "0.0.0.0"
-        self.server = PeerServer(node_dir(tplan.spec.memory_dir, run_id, self.node), bind)
-        self.addresses: list[tuple[str, int]] = []
-        if self.mpi is None:  # no socket under MPI: nothing would connect to it
-            me = ("127.0.0.1" if loopback else machine, self.server.port)
-            self.addresses = everyone(comm, me)
-        self.transport = (node_local(machines) if self.mpi is not None
-                          else "tcp-loopback" if loopback else "tcp")
+        self.server, self.mpi, self.addresses, self.transport = open_links(
+            comm, tplan, node_dir(tplan.spec.memory_dir, run_id, self.node))
         self.sizes: list[int] = everyone(comm, nbytes)
         self.plain = touched(max(self.sizes))  # the plain transfers' memory, both ways
         self.server.lend(self.plain)

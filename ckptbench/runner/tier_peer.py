@@ -22,10 +22,17 @@ import socket
 import struct
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from ckptbench.formats.base import everyone
+from ckptbench.runner.tier_mpi import MpiPeers, node_local
 from ckptbench.runner.tier_store import PreparedCopy, copy_name
+
+if TYPE_CHECKING:
+    from ckptbench.plan.tiers import TierPlan
+    from ckptbench.runner.comm import Comm
 
 HEADER = struct.Struct("!BIIQ")  # op, source process, checkpoint, bytes
 PUT, GET, SINK, SOURCE = 1, 2, 3, 4
@@ -213,3 +220,29 @@ def fetch(address: tuple[str, int], src: int, it: int, out: np.ndarray,
                                   f"{out.nbytes}")
         _recv_into(sock, out.data)
         return True
+
+
+class PeerLinks(NamedTuple):
+    """How one process's replicas travel: by MPI point-to-point under an MPI launcher with
+    ``--peer-transport auto`` (its server then opens no socket: nothing would connect to
+    it), else by TCP to every process's server (`addresses`)."""
+
+    server: PeerServer
+    mpi: MpiPeers | None
+    addresses: list[tuple[str, int]]
+    transport: str  # as the tier records name it
+
+
+def open_links(comm: Comm, tp: TierPlan, directory: Path) -> PeerLinks:
+    """Collective: this process's peer server (its replicas in `directory`) and how it
+    reaches the others (runner.tiers, runner.async_peer)."""
+    # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
+    # nodes Slurm emulates on one machine have names no resolver knows.
+    machine = socket.gethostname()
+    machines = everyone(comm, machine)
+    if comm.kind == "mpi" and tp.spec.peer_transport == "auto":
+        return PeerLinks(PeerServer(directory, None), MpiPeers(comm), [], node_local(machines))
+    loopback = len(set(machines)) == 1
+    server = PeerServer(directory, "127.0.0.1" if loopback else "0.0.0.0")
+    addresses = everyone(comm, ("127.0.0.1" if loopback else machine, server.port))
+    return PeerLinks(server, None, addresses, "tcp-loopback" if loopback else "tcp")

@@ -20,28 +20,30 @@ storage (the relaunch names them), and the relaunch reads in one process on this
 
 from __future__ import annotations
 
-import json
-import re
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ckptbench.errors import CkptbenchError, RunFailed, SpecError
+from ckptbench.errors import RunFailed, SpecError
 from ckptbench.fields import shown
+from ckptbench.records import read_records
 from ckptbench.runner.clean import RUN_ID
 from ckptbench.runner.tier_store import (
+    COPY_NAME,
+    NODE_DIR,
     copy_name,
     node_dir,
     read_copy,
+    real_dir,
     remove_run_copies,
     run_dir,
 )
 from ckptbench.runner.tiers import first_mismatch
-
-CKPT = re.compile(r"(?:replica-)?p\d+-ckpt(\d+)\.bin(?:\.part)?")
 
 
 @dataclass(frozen=True)
@@ -59,29 +61,59 @@ class Kept:
 
 
 def load_kept(results: Path) -> Kept:
-    """The run's kept copies per its results file; one line when it kept none."""
-    try:
-        lines = results.read_text().splitlines()
-    except OSError as exc:
-        raise SpecError(f"{results}: cannot read the results file ({exc.strerror})") from None
-    try:
-        recs = [json.loads(line) for line in lines if line.strip()]
-    except json.JSONDecodeError:
-        raise SpecError(f"{results}: not a ckptbench results file (JSON Lines)") from None
-    run = next((r for r in recs if isinstance(r, dict) and r.get("type") == "run"), None)
+    """The run's kept copies per its results file; one line when it kept none or the file
+    is not a run's (records.read_records: bounded, one object per line)."""
+    recs = list(read_records(results))
+    run = next((r for r in recs if r.get("type") == "run"), None)
     if run is None:
         raise SpecError(f"{results}: not a ckptbench results file (no run record)")
-    tiers = run.get("options", {}).get("tiers", {})
-    if not RUN_ID.fullmatch(str(run.get("run_id"))) or not isinstance(
-            tiers.get("memory_dir"), str):  # names to remove by: only a run's own
+    options = run.get("options")
+    tiers = options.get("tiers") if isinstance(options, dict) else None
+    if not isinstance(tiers, dict) or not RUN_ID.fullmatch(str(run.get("run_id"))) \
+            or not isinstance(tiers.get("memory_dir"), str) or not tiers["memory_dir"]:
+        # the names to remove by: only a run's own
         raise SpecError(f"{results}: run id {shown(run.get('run_id'))} or its memory "
                         "directory is not one a run records; allowed: a run's results file")
     if not tiers.get("keep"):
         raise SpecError(f"{results}: run {run['run_id']} kept no tier copies; allowed: the "
                         "results of a run with --keep-tiers")
-    held = tuple(r for r in recs if r.get("type") == "tier_held"
+    held = tuple(_checked(r, results) for r in recs if r.get("type") == "tier_held"
                  and r.get("run_id") == run["run_id"])
     return Kept(results, run["run_id"], tiers["memory_dir"], held)
+
+
+def _counts(value: object, below: int | None = None) -> bool:
+    """A list of integers >= 0 (and < `below`)."""
+    return isinstance(value, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0
+        and (below is None or x < below) for x in value)
+
+
+def _checked(rec: dict[str, Any], results: Path) -> dict[str, Any]:
+    """A ``tier_held`` record with the fields runner.tier_restart.held_record writes, one
+    per process where it has one; else one line naming the field (an altered file)."""
+    node_of = rec.get("node_of")
+    n = len(node_of) if isinstance(node_of, list) else 0
+
+    def each(value: object, fits: Callable[[Any], bool]) -> bool:
+        return isinstance(value, list) and len(value) == n and all(fits(v) for v in value)
+
+    fields: tuple[tuple[str, bool, str], ...] = (
+        ("iteration", _counts([rec.get("iteration")]), "an integer >= 0"),
+        ("node_of", n > 0 and _counts(node_of), "a non-empty list of node numbers"),
+        ("memory", isinstance(rec.get("memory"), bool), "true or false"),
+        ("holders", each(rec.get("holders"), lambda h: _counts(h, n)),
+         "one list of holder processes per process"),
+        ("files", each(rec.get("files"), lambda f: isinstance(f, list) and all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+            and _counts(e[1:]) for e in f)), "one list of [name, bytes] per process"),
+        ("digests", each(rec.get("digests"), _counts) and [len(d) for d in rec["digests"]]
+         == [len(f) for f in rec["files"]], "one list of digests per process, one per file"))
+    for name, fits, allowed in fields:
+        if not fits:
+            raise SpecError(f"{results}: tier_held record {name} = {shown(rec.get(name))}: "
+                            f"allowed: {allowed} (an altered results file)")
+    return rec
 
 
 def _candidates(kept: Kept, rec: dict[str, Any], proc: int, replaced: set[int]
@@ -108,9 +140,10 @@ def choose(kept: Kept, replaced: set[int]
     for rec in reversed(kept.held):
         sources: list[tuple[str, int, Path]] = []
         for proc in range(len(rec["node_of"])):
-            found = [c for c in _candidates(kept, rec, proc, replaced) if c[2].is_file()]
+            candidates = _candidates(kept, rec, proc, replaced)
+            found = [c for c in candidates if c[2].is_file()]
             if not found:
-                tried = ", ".join(str(c[2]) for c in _candidates(kept, rec, proc, replaced))
+                tried = ", ".join(str(c[2]) for c in candidates)
                 passed.append(f"checkpoint {rec['iteration']}: no copy of process {proc}'s "
                               f"shard is left (tried: {tried or 'none outside the replaced nodes'})")
                 break
@@ -126,8 +159,10 @@ def choose(kept: Kept, replaced: set[int]
 def on_disk(kept: Kept) -> list[int]:
     """The checkpoints any copy or part of is in the run's directories (by name)."""
     base = run_dir(kept.memory_dir, kept.run_id)
-    found = {int(m.group(1)) for d in (base.glob("node*") if base.is_dir() else [])
-             for f in d.iterdir() if (m := CKPT.fullmatch(f.name))}
+    nodes = [base / d for d in os.listdir(base) if NODE_DIR.fullmatch(d)] \
+        if real_dir(base) else []
+    found = {int(m.group(1)) for d in nodes if real_dir(d)
+             for f in os.listdir(d) if (m := COPY_NAME.fullmatch(f))}
     return sorted(found)
 
 
@@ -145,9 +180,13 @@ def relaunch(kept: Kept, replaced: set[int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for proc, (tier, node, path) in enumerate(sources):
         files = [(name, size) for name, size in rec["files"][proc]]
-        data = np.empty(sum(size for _, size in files), dtype=np.uint8)
-        t0 = time.perf_counter()
+        nbytes = sum(size for _, size in files)
         try:
+            size = path.stat().st_size  # the memory taken: at most the copy's (a record
+            if size != nbytes:  # may be altered)
+                raise OSError(f"{path}: {size} bytes, the shard has {nbytes}")
+            data = np.empty(nbytes, dtype=np.uint8)
+            t0 = time.perf_counter()
             read_copy(path, data)
         except OSError as exc:
             raise RunFailed(f"checkpoint {it}: process {proc}'s shard: {exc}", "missing") from None
@@ -166,6 +205,4 @@ def relaunch(kept: Kept, replaced: set[int]) -> list[dict[str, Any]]:
 
 def discard(kept: Kept) -> None:
     """The run's copies removed by name (nothing else in its directories)."""
-    if not kept.memory_dir:
-        raise CkptbenchError(f"{kept.results}: no memory directory recorded")
     remove_run_copies(kept.memory_dir, kept.run_id)

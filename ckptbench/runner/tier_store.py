@@ -166,7 +166,7 @@ def remove_dirs(memory_dir: str, run_id: str, nodes: list[int]) -> None:
         run_dir(memory_dir, run_id).rmdir()
 
 
-COPY_NAME = re.compile(r"(replica-)?p\d+-ckpt\d+\.bin(\.part)?")
+COPY_NAME = re.compile(r"(?:replica-)?p\d+-ckpt(\d+)\.bin(?:\.part)?")  # 1: the checkpoint
 NODE_DIR = re.compile(r"node\d+")
 
 
@@ -177,11 +177,11 @@ def remove_run_copies(memory_dir: str, run_id: str) -> None:
     in tmpfs, which is host memory, never outlives the run. Links are removed, never
     followed; anything else in those directories stays."""
     run = run_dir(memory_dir, run_id)
-    if not _real_dir(run):
+    if not real_dir(run):
         return
     for node in os.listdir(run):
         path = run / node
-        if not (NODE_DIR.fullmatch(node) and _real_dir(path)):
+        if not (NODE_DIR.fullmatch(node) and real_dir(path)):
             continue
         for name in os.listdir(path):
             if COPY_NAME.fullmatch(name):
@@ -193,7 +193,7 @@ def remove_run_copies(memory_dir: str, run_id: str) -> None:
         run.rmdir()
 
 
-def _real_dir(path: Path) -> bool:
+def real_dir(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:

@@ -31,7 +31,6 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,8 +43,17 @@ from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
-from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers, node_local
-from ckptbench.runner.tier_peer import PUT, SINK, SOURCE, PeerServer, fetch, send, send_all
+from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers
+from ckptbench.runner.tier_peer import (
+    PUT,
+    SINK,
+    SOURCE,
+    PeerServer,
+    fetch,
+    open_links,
+    send,
+    send_all,
+)
 from ckptbench.runner.tier_restart import Restart, held_record, restart_rounds
 from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
@@ -138,21 +146,10 @@ class TierRun:
             self.run.options = self.o
 
     def _start(self) -> None:
-        # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
-        # nodes Slurm emulates on one machine have names no resolver knows.
-        machine = socket.gethostname()
-        machines = everyone(self.comm, machine)
-        loopback = len(set(machines)) == 1
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
-        if self.spec.has("peer") and self.comm.kind == "mpi" \
-                and self.spec.peer_transport == "auto":  # no socket: nothing connects to it
-            self.mpi, self.transport = MpiPeers(self.comm), node_local(machines)
-            self.server = PeerServer(self.dir, None)
-        elif self.spec.has("peer"):
-            self.server = PeerServer(self.dir, "127.0.0.1" if loopback else "0.0.0.0")
-            me = ("127.0.0.1" if loopback else machine, self.server.port)
-            self.addresses = everyone(self.comm, me)
-            self.transport = "tcp-loopback" if loopback else "tcp"
+        if self.spec.has("peer"):
+            self.server, self.mpi, self.addresses, self.transport = open_links(
+                self.comm, self.tp, self.dir)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
         self.nbytes = sum(j.size for j in self.jobs)
         self.files = everyone(self.comm, [(j.key.split("/", 1)[-1], j.size) for j in self.jobs]

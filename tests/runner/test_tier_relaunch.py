@@ -166,6 +166,48 @@ def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it
     assert copies(shm) == [f"ckptbench-{run_id}/node0/notes.txt"]
 
 
+def test_an_altered_results_file_is_one_line_and_the_copies_stay(
+        tmp_path: Path, shm: Path) -> None:
+    """Bad input, not a traceback: a line that is no record, tier_held fields missing or
+    of the wrong shape, a shard size no copy has (never allocated)."""
+    kept = kept_run(tmp_path, shm, "kept", "--keep-tiers")
+    recs = records(kept)
+    before = copies(shm)
+    last = max(i for i, r in enumerate(recs) if r["type"] == "tier_held")
+
+    def altered(name: str, **fields: object) -> Path:
+        rec = {k: v for k, v in recs[last].items() if not (k in fields and fields[k] is None)}
+        rec.update({k: v for k, v in fields.items() if v is not None})
+        out = tmp_path / f"{name}.jsonl"
+        out.write_text("".join(json.dumps(r) + "\n" for r in [*recs[:last], rec]))
+        return out
+
+    cases = {"node_of": altered("no-nodes", node_of=None),
+             "files": altered("files", files=[[["a", -5]]] * 4),
+             "holders": altered("holders", holders=[[9]] * 4),
+             "iteration": altered("iteration", iteration="x"),
+             "digests": altered("digests", digests=[[1, 2]] * 4)}
+    for field, path in cases.items():
+        done = relaunch(str(path), "--out", str(tmp_path / "out.jsonl"))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+        assert f"{path}: tier_held record {field} = " in lines[0]
+    (tmp_path / "number.jsonl").write_text(kept.read_text() + "5\n")
+    done = relaunch(str(tmp_path / "number.jsonl"), "--out", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "not a record" in done.stderr
+    huge = altered("huge", files=[[[f[0][0], 1 << 50]] for f in recs[last]["files"]])
+    done = relaunch(str(huge), "--out", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+    assert f"the shard has {1 << 50}" in done.stderr
+    assert copies(shm) == before
+    stray = shm / f"ckptbench-{recs[0]['run_id']}" / "node9"  # a file, not a node's directory
+    stray.write_text("not ckptbench's")
+    done = relaunch(str(kept), "--out", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert copies(shm) == [stray.relative_to(shm).as_posix()]
+
+
 def test_a_lost_memory_copy_is_served_by_its_peer(
         tmp_path: Path, shm: Path) -> None:
     kept = kept_run(tmp_path, shm, "kept", "--keep-tiers")
