@@ -66,6 +66,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "tests/adversarial/test_clean.py::test_restore_leaves_nothing_behind": ("cli:restore",),
     "tests/test_cli_levels.py::test_text_names_each_level_and_the_schedule": ("cli:levels",),
     "tests/test_cli_levels.py::test_simulate_text_and_a_bound": ("cli:simulate",),
+    "tests/runner/test_tier_relaunch.py::test_a_lost_memory_copy_is_served_by_its_peer":
+        ("cli:relaunch",),
     "tests/test_mlperf.py::test_mlperf_command_reports_both_ways": ("cli:mlperf",),
     "tests/backends/test_options.py::test_backends_command_lists_every_backend":
         ("cli:backends",),
