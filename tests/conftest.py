@@ -151,6 +151,18 @@ def _whole_suite(config: pytest.Config) -> bool:
     return given <= {ROOT, ROOT / "tests"}
 
 
+# --- parallel runs (`pytest -n 2 --dist loadgroup`, pytest-xdist) ---
+SINGLE_HOST_SERVICES = ("gluster", "slurm")
+
+
+def _service_group(fixtures: tuple[str, ...] | list[str]) -> str | None:
+    """The group whose tests share one worker: a GlusterFS server (bricks, volumes,
+    mounts: about 17 s to start) and a Slurm cluster (munged, slurmctld, two slurmd) are
+    started once per session, by the one worker that runs every test using them. MinIO
+    starts in a second: each worker has its own, on a free port."""
+    return next((name for name in SINGLE_HOST_SERVICES if name in fixtures), None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the quick subset (before -m selects); with the whole suite collected, keep
@@ -162,6 +174,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if quick.is_quick(item.nodeid):
             item.add_marker(pytest.mark.quick)
+        group = _service_group(getattr(item, "fixturenames", ()))
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     if not _whole_suite(config):
         return
     config.stash[quick.COLLECTED] = collected
