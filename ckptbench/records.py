@@ -36,6 +36,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -325,6 +326,9 @@ class JsonlSink:
         self._f: IO[str] | None = None
         self.records: list[dict[str, Any]] = []
         self.broken = False  # a write failed: nothing more is written
+        # A stall notice is recorded from a thread of its own (runner.watch_mpi) while the
+        # main thread may be writing: one record, one whole line.
+        self._lock = threading.Lock()
 
     def open(self) -> None:
         from ckptbench.errors import CkptbenchError
@@ -354,11 +358,13 @@ class JsonlSink:
         if self.broken:  # the failure was raised once; cleanup's records have nowhere to go
             return
         data = redact(as_dict(record))
-        self.records.append(data)
-        try:
-            self._f.write(json.dumps(data, separators=(",", ":")) + "\n")
-        except OSError as exc:
-            raise self._failed(exc) from None
+        line = json.dumps(data, separators=(",", ":")) + "\n"
+        with self._lock:
+            self.records.append(data)
+            try:
+                self._f.write(line)
+            except OSError as exc:
+                raise self._failed(exc) from None
 
     def write_all(self, records: Iterable[Record | dict[str, Any]]) -> None:
         for r in records:
@@ -366,12 +372,13 @@ class JsonlSink:
         self.flush()
 
     def flush(self) -> None:
-        if self._f and not self.broken:
-            try:
-                self._f.flush()
-                os.fsync(self._f.fileno())
-            except OSError as exc:
-                raise self._failed(exc) from None
+        with self._lock:
+            if self._f and not self.broken:
+                try:
+                    self._f.flush()
+                    os.fsync(self._f.fileno())
+                except OSError as exc:
+                    raise self._failed(exc) from None
 
     def close(self) -> None:
         if self._f:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,16 +38,7 @@ from ckptbench.runner.driver import run_iterations
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.scheduler import node_name, placement, process_facts, step_facts
 from ckptbench.runner.session import Launcher, Progress, Topology
-from ckptbench.runner.stall import StallWatch
-from ckptbench.runner.thread_dump import DumpFile
-from ckptbench.runner.watch_mpi import (
-    Address,
-    Board,
-    Inbox,
-    report_or_exit,
-    start_guard,
-    stop_guard,
-)
+from ckptbench.runner.watch_mpi import Inbox, stop_guard, watch_this_rank
 
 # Environment variables that say "started by an MPI launcher", with the world size.
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
@@ -299,18 +290,14 @@ class MPILauncher(Launcher):
         timeout = req.options.stall_timeout
         inbox = Inbox(sink) if self.root and timeout > 0 else None
         address = comm.bcast(inbox.address if inbox is not None else None)
-        board, dump = Board(), DumpFile()
-        dump.arm()  # the guard may ask for the dump
-        who = f"MPI rank {comm.rank} on {comm.host()}"
-        watch = StallWatch(timeout, _report_stall(address, dump), who, board.publish,
-                           dump.write)
+        watch, tick, guard = watch_this_rank(timeout, address,
+                                             f"MPI rank {comm.rank} on {comm.host()}")
 
         def moved(n: int) -> None:
-            board.tick(n)
+            tick(n)
             if scaled is not None:
                 scaled(n)
 
-        guard = start_guard(board, dump, address, timeout, who)
         try:
             run_iterations(req.plan, mine, req.ranks, req.backend, comm, req.options, sink,
                            moved, watch, req.names)
@@ -368,14 +355,6 @@ def _scheduler(places: list[dict[str, Any]], groups: list[list[int]]) -> dict[st
     """The run record's `scheduler` entry (Slurm's job, step and placement), if any."""
     found = placement(step_facts(), places, groups)
     return {"scheduler": found} if found else {}
-
-
-def _report_stall(address: Address | None, dump: DumpFile) -> Callable[[str], None]:
-    """A rank that sees its own stall sends it, with its thread dump, to process 0, which
-    records it and ends the job (runner.watch_mpi); only the main thread may call MPI."""
-    def stalled(message: str) -> None:
-        report_or_exit(address, message, dump.read())
-    return stalled
 
 
 def _die(comm: MPIComm, exc: BaseException) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 from ckptbench.records import ErrorRecord, JsonlSink
 from ckptbench.runner.launch_local import die_with_parent
-from ckptbench.runner.stall import with_threads
+from ckptbench.runner.stall import StallWatch, with_threads
 from ckptbench.runner.thread_dump import DumpFile
 from ckptbench.runner.watch_ranks import RankWatch
 
@@ -170,11 +170,28 @@ def report_or_exit(address: Address | None, message: str, threads: str,
     os._exit(1)
 
 
-def start_guard(board: Board, dump: DumpFile, address: Address | None, timeout: float,
-                who: str) -> subprocess.Popen[bytes] | None:
-    """The guard of this rank (None when --stall-timeout is off)."""
+def watch_this_rank(timeout: float, address: Address | None, who: str
+                    ) -> tuple[StallWatch, Callable[[int], None], subprocess.Popen[bytes] | None]:
+    """This rank's stall watch, what counts its bytes moved, and its guard process (stop
+    it with `stop_guard`). With --stall-timeout off nothing is made: no board, no dump
+    file, no signal handler, no guard."""
     if timeout <= 0:
-        return None
+        return StallWatch(0, lambda _message: None, who), lambda _n: None, None
+    board, dump = Board(), DumpFile()
+    dump.arm()  # the guard may ask for the dump
+
+    def stalled(message: str) -> None:
+        """A rank that sees its own stall sends it, with its thread dump, to process 0,
+        which records it and ends the job; only the main thread may call MPI."""
+        report_or_exit(address, message, dump.read())
+
+    watch = StallWatch(timeout, stalled, who, board.publish, dump.write)
+    return watch, board.tick, start_guard(board, dump, address, timeout, who)
+
+
+def start_guard(board: Board, dump: DumpFile, address: Address | None, timeout: float,
+                who: str) -> subprocess.Popen[bytes]:
+    """The guard of this rank: a process that dies with it."""
     host, port, token = address or ("", 0, "")
     return subprocess.Popen(
         [sys.executable, "-m", "ckptbench.runner.watch_mpi", str(os.getpid()), str(board.fd),

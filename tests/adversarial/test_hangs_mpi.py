@@ -74,3 +74,28 @@ def test_a_stopped_mpi_rank_fails_the_restore_command(kept: Path, tmp_path: Path
     assert _error_record(results)["kind"] == "stall"
     assert processes_mentioning(str(kept)) == []
     assert (kept / ".metadata").exists()
+
+
+def test_with_the_stall_timeout_off_a_rank_makes_no_watch() -> None:
+    """--stall-timeout 0: no board or dump file (no descriptor opened), no guard process;
+    on, the guard is a process of its own, ended by stop_guard."""
+    import faulthandler
+    import os
+
+    from ckptbench.runner.thread_dump import DUMP_SIGNAL
+    from ckptbench.runner.watch_mpi import stop_guard, watch_this_rank
+
+    before = set(os.listdir("/proc/self/fd"))
+    watch, tick, guard = watch_this_rank(0, None, "MPI rank 0")
+    tick(1 << 20)
+    assert guard is None and not watch.enabled
+    assert set(os.listdir("/proc/self/fd")) == before
+    watch, tick, guard = watch_this_rank(60, None, "MPI rank 0")
+    try:
+        tick(1 << 20)
+        assert guard is not None and guard.poll() is None and watch.enabled
+        assert len(set(os.listdir("/proc/self/fd")) - before) >= 2  # the board, the dump
+    finally:
+        stop_guard(guard)
+        faulthandler.unregister(DUMP_SIGNAL)  # armed on this (the test's) process
+    assert guard.returncode is not None
