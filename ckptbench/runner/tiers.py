@@ -218,6 +218,10 @@ class TierRun:
             t2 = now()
             copy.fill(state)
             t3 = now()
+            # As after the plain copy: no process goes on (unmapping, preparing the peer
+            # step's replica files: page allocation on the same CPUs) while another's
+            # timed copy still runs.
+            self.comm.barrier()
             copy.release()
             self._record("memory", it, (t2, t3), (t1 - t0) / 1e9, "plain copy",
                          where=self.spec.memory_dir)
