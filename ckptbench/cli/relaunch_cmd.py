@@ -30,13 +30,18 @@ def relaunch_command(results: Path, replaced: tuple[int, ...], out: Path | None,
         discard(kept)
         click.echo(f"removed the tier copies of run {kept.run_id}")
         return
-    recs = relaunch(kept, set(replaced))
-    sink = JsonlSink(out or results.with_name(results.stem + "-relaunch.jsonl"))
-    sink.open()
+    path = out or results.with_name(results.stem + "-relaunch.jsonl")
+    sink = JsonlSink(path)
+    sink.open()  # an existing file is refused before any copy is read
     try:
+        recs = relaunch(kept, set(replaced))
         sink.write_all(recs)
-    finally:
+    except BaseException:
         sink.close()
+        if not sink.records:
+            path.unlink(missing_ok=True)  # made above, empty: nothing to keep
+        raise
+    sink.close()
     discard(kept)  # restored and recorded: the copies go, by name
     for r in recs:
         click.echo(f"checkpoint {r['iteration']}: process {r['process']} (node {r['node']}): "

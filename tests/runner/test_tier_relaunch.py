@@ -147,8 +147,15 @@ def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it
     data = bytearray(changed.read_bytes())
     data[len(data) // 2] ^= 0xFF
     changed.write_bytes(bytes(data))
+    existing = tmp_path / "existing.jsonl"
+    existing.write_text("mine\n")
+    done = relaunch(str(kept), "--out", str(existing))  # refused before any copy is read
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert f"{existing}: results file exists" in done.stderr
+    assert existing.read_text() == "mine\n"
     done = relaunch(str(kept), "--out", str(tmp_path / "bad.jsonl"))
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad.jsonl").exists()  # the relaunch's own, empty: removed
     assert "checkpoint 2: process 1's shard: file " in done.stderr
     assert str(changed) in done.stderr and "differs from the save's digest" in done.stderr
     assert copies(shm) == before  # a failed relaunch leaves them for another
