@@ -22,11 +22,13 @@ over the baseline steps.
 
     python benchmarks/tier_speed.py --rounds 3 --scale 16 --dir /tmp/tierspeed --probe \
         --async-rounds 2
+    python benchmarks/tier_speed.py --rounds 4 --huge-tmpfs 4g   # copies in 2 MiB pages
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import mmap
 import multiprocessing as mp
 import os
@@ -35,7 +37,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,8 +187,35 @@ def main() -> None:
     ap.add_argument("--probe-mib", type=int, default=45, help="one process's shard at scale 16")
     ap.add_argument("--memory-dir", help="the memory tier's directory [default: the run's, "
                     "/dev/shm]; a tmpfs mounted with huge=always holds copies in 2 MiB pages")
+    ap.add_argument("--huge-tmpfs", metavar="SIZE",
+                    help="mount a tmpfs of SIZE (e.g. 4g) with huge=always for the run's "
+                    "memory directory, unmounted after (root only)")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
+    if a.huge_tmpfs:
+        with huge_tmpfs(a.huge_tmpfs) as mount:
+            a.memory_dir = str(mount)
+            rounds(a)
+    else:
+        rounds(a)
+
+
+@contextlib.contextmanager
+def huge_tmpfs(size: str) -> Iterator[Path]:
+    """A tmpfs with 2 MiB pages at a new directory of its own, unmounted and removed after."""
+    mount = Path(tempfile.mkdtemp(prefix="ckptbench-hugetmpfs-"))
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"huge=always,size={size}", "tmpfs",
+                        str(mount)], check=True)
+        try:
+            yield mount
+        finally:
+            subprocess.run(["umount", str(mount)], check=True)
+    finally:
+        mount.rmdir()
+
+
+def rounds(a: argparse.Namespace) -> None:
     if a.probe:
         nbytes = a.probe_mib << 20
         load = os.getloadavg()[0]

@@ -84,8 +84,15 @@ def _tier_summary(tier: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "blocking_s": statistics.median(blocking), "baseline_s": statistics.median(baseline),
             "baseline": first["baseline"], "rate_Bps": statistics.median(rates),
             "over_baseline": statistics.median(ratios),
-            "transport": first.get("transport", first.get("where", "")),
+            "transport": first.get("transport", _where(first)),
             "replicas": first.get("replicas", 0), "background": bool(first.get("background"))}
+
+
+def _where(record: dict[str, Any]) -> str:
+    """The memory tier's directory and the pages its copies are held in (runs before
+    the pages were recorded: the directory alone)."""
+    where = str(record.get("where", ""))
+    return f"{where} ({record['pages']})" if record.get("pages") else where
 
 
 def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

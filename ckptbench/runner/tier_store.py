@@ -16,6 +16,7 @@ A copy is written under ``<name>.part`` and renamed once complete: a checkpoint 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import re
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ckptbench.errors import SpecError
+from ckptbench.backends.filesystems import filesystem_info
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.plan import Plan
 from ckptbench.plan.tiers import TierPlan, plan_tiers
 from ckptbench.runner.options import RunOptions
@@ -61,10 +63,20 @@ def open_copy(path: Path, nbytes: int) -> tuple[int, mmap.mmap | None]:
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, nbytes)
+        if nbytes:
+            # Its pages taken now: a full tmpfs is an error here, not a SIGBUS at the
+            # first write into the mapping (which kills the process).
+            os.posix_fallocate(fd, 0, nbytes)
         return fd, mmap.mmap(fd, nbytes) if nbytes else None
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
         part.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise CkptbenchError(
+                f"--memory-dir {part.parent.parent.parent}: no room for a copy of "
+                f"{format_size(nbytes)} ({part.name}; something else filled it after the "
+                "run's memory check); allowed: a directory with room, a larger --scale, "
+                "fewer --peer-replicas") from None
         raise
 
 
@@ -198,6 +210,31 @@ def real_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+
+
+def memory_pages(memory_dir: str) -> str:
+    """The pages a copy in `memory_dir` is held in, as the report shows it: a restart maps
+    the copy anew, and with 4 KiB pages building that mapping costs more than the copy
+    (docs/tiers.md, "Limits"). tmpfs has 2 MiB pages when mounted with ``huge=always`` or
+    ``within_size`` (a file of 2 MiB or more), or when the host forces them."""
+    info = filesystem_info(memory_dir)
+    fs = info.get("fs_type", "?")
+    if fs == "hugetlbfs":
+        return "hugetlbfs"
+    if fs != "tmpfs":
+        return f"{fs}, page cache"
+    options = dict(o.partition("=")[::2] for o in info.get("super_options", "").split(","))
+    huge = options.get("huge", "")
+    if not huge:
+        with contextlib.suppress(OSError):
+            forced = re.search(r"\[(\w+)\]", SHMEM_ENABLED.read_text())
+            huge = "force" if forced and forced.group(1) == "force" else ""
+    if huge in ("always", "within_size", "force"):
+        return f"tmpfs huge={huge}, 2 MiB pages"
+    return "tmpfs, 4 KiB pages"
 
 
 def free_bytes(memory_dir: str) -> int:

@@ -60,6 +60,7 @@ from ckptbench.runner.tier_store import (
     PreparedCopy,
     copy_name,
     make_dirs,
+    memory_pages,
     node_dir,
     read_copy,
     remove_dirs,
@@ -94,6 +95,7 @@ class TierRun:
         self.proc = self.comm.rank
         self.node = self.tp.node_of[self.proc]
         self.dir = node_dir(self.spec.memory_dir, self.o.run_id, self.node)
+        self.pages = memory_pages(self.spec.memory_dir) if self.spec.has("memory") else ""
         self.gen = PayloadGenerator(self.o.payload, self.o.seed)
         self.offset = self.comm.clock_offset_ns()
         self.records: list[dict[str, Any]] = []
@@ -200,6 +202,10 @@ class TierRun:
             "baseline_s": baseline_s, "baseline": baseline, **extra})
 
     def _checkpoint(self, it: int) -> None:
+        # The copies of the checkpoint before the last two go before this one's are made:
+        # a node holds two checkpoints at most (the newest held one and the one in flight),
+        # as the memory budget counts (plan.tiers.held_bytes) and async mode does.
+        self._drop(it - HELD_COPIES)
         digests = self._fill(it)
         assert self.state is not None
         state = self.state
@@ -224,7 +230,7 @@ class TierRun:
             self.comm.barrier()
             copy.release()
             self._record("memory", it, (t2, t3), (t1 - t0) / 1e9, "plain copy",
-                         where=self.spec.memory_dir)
+                         where=self.spec.memory_dir, pages=self.pages)
         if self.spec.has("peer"):
             assert self.server is not None
             holders = self.tp.holders(self.proc)
@@ -234,12 +240,11 @@ class TierRun:
             self._record("peer", it, (t2, t3), (t1 - t0) / 1e9, "plain transfer",
                          transport=self.transport, holders=holders,
                          replicas=len(holders))
-        self.comm.barrier()  # every copy of `it` held: the oldest is let go
+        self.comm.barrier()  # every copy of `it` held before anything goes on
         if self.spec.keep and self.run.sink is not None and it in self.expected:
             self.run.sink.write(held_record(self.tp, self.o.run_id, it, self.files,
                                             self.expected[it]))
             self.run.sink.flush()  # in the results before the next checkpoint starts
-        self._drop(it - HELD_COPIES)
 
     def _replicate(self, it: int, state: np.ndarray, holders: list[int]
                    ) -> tuple[int, int, int, int]:

@@ -25,7 +25,7 @@ from test_mpi import TINY, local, mpirun, needs_mpi, records
 from ckptbench.payload import digest
 from ckptbench.runner.tier_peer import HEADER, PUT, PeerServer, fetch, send
 from ckptbench.runner.tier_restart import restart_rounds
-from ckptbench.runner.tier_store import copy_name, read_copy
+from ckptbench.runner.tier_store import copy_name, memory_pages, read_copy
 from ckptbench.runner.tiers import first_mismatch
 
 SHM = Path("/dev/shm")
@@ -303,6 +303,12 @@ def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
     assert schedule in " ".join(report.stdout.split())
     text = page.read_text()
     assert "<h2>Recovery tiers</h2>" in text and "recovery tiers: restarts" in text
+    # the pages the memory copies are held in: in the records and beside the directory
+    pages = memory_pages(str(memory_dir))
+    assert pages.startswith("tmpfs")
+    held = [r for r in records(results) if r["type"] == "tier" and r["tier"] == "memory"]
+    assert held and {r["pages"] for r in held} == {pages}
+    assert f"{memory_dir} ({pages})" in text
     assert schedule in text and 'id="levels-1"' in text
     binary = find_chromium()
     if binary is None:
@@ -465,3 +471,53 @@ def test_a_node_restarts_fetches_and_their_plain_transfers_run_beside_alike_neig
         for side in (0, 1):
             beside = [r[1 - side] for r in node if r[side] == mine]
             assert beside.count("read") == beside.count("baseline"), (side, mine, beside)
+
+
+def test_the_pages_of_a_memory_dir_are_named(tmp_path: Path) -> None:
+    """A tmpfs mounted with huge=always holds copies in 2 MiB pages, /dev/shm here in 4 KiB
+    ones (the restart's cost: docs/tiers.md), a disk directory in its page cache."""
+    mount = tmp_path / "huge"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=64m", "tmpfs",
+                           str(mount)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+    try:
+        assert memory_pages(str(mount)) == "tmpfs huge=always, 2 MiB pages"
+        (mount / "d").mkdir()
+        assert memory_pages(str(mount / "d")) == "tmpfs huge=always, 2 MiB pages"
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    assert memory_pages(str(tmp_path)).endswith(", page cache") or "tmpfs" in memory_pages(
+        str(tmp_path))
+    assert memory_pages("/dev/shm") in ("tmpfs, 4 KiB pages", "tmpfs huge=force, 2 MiB pages",
+                                        "tmpfs huge=always, 2 MiB pages",
+                                        "tmpfs huge=within_size, 2 MiB pages")
+
+
+def test_a_full_memory_dir_is_one_error_not_a_sigbus(tmp_path: Path) -> None:
+    """A copy that does not fit (the tmpfs filled after the run's memory check) fails when
+    its file is made, naming --memory-dir; the part is removed. Without the pages taken up
+    front the first write into the mapping raises SIGBUS, which kills the process."""
+    from ckptbench.errors import CkptbenchError
+    from ckptbench.runner.tier_store import node_dir, open_copy
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+    try:
+        where = node_dir(str(mount), "run-x", 0)
+        where.mkdir(parents=True)
+        with pytest.raises(CkptbenchError) as err:
+            open_copy(where / copy_name(0, 1), 8 << 20)
+        assert str(err.value).startswith(f"--memory-dir {mount}: no room for a copy of 8")
+        assert list(where.iterdir()) == []
+        fd, mapped = open_copy(where / copy_name(0, 2), 1 << 20)  # one that fits
+        assert mapped is not None and len(mapped) == 1 << 20
+        mapped.close()
+        os.close(fd)
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
