@@ -30,6 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckptbench.backends.filesystems import gluster_graph, gluster_private
 from ckptbench.backends.striping import gluster_shard_block_size
 from harness import processes
 from harness.processes import ToolError
@@ -99,6 +100,20 @@ def is_mounted(path: Path) -> bool:
     with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == real for line in f)
     return False
+
+
+def bricks_connected(path: Path) -> bool:
+    """Whether the client mounted at `path` is connected to every brick (each
+    protocol/client translator of its active graph, from its .meta tree). A client that
+    is used before it is may take a directory's layout with a hole in it (the brick not
+    yet up) and keep it: with long attribute timeouts the kernel never asks again, and a
+    mkdir whose name hashes into the hole fails with EIO."""
+    try:
+        clients = [t.name for t in gluster_graph(path) if t.type == "protocol/client"]
+        return bool(clients) and all(gluster_private(path, name).get("connected") == "1"
+                                     for name in clients)
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 @dataclass
@@ -301,10 +316,11 @@ class GlusterServer:
         m = Mount(volume, where, proc, log, tuple(fuse_options))
         self.mounts.append(m)
         deadline = time.monotonic() + timeout
-        while not is_mounted(where):
+        while not (is_mounted(where) and bricks_connected(where)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 self.unmount(m)
-                raise ToolError(f"mounting {volume} on {where} failed: "
+                what = "its bricks not all connected" if is_mounted(where) else "failed"
+                raise ToolError(f"mounting {volume} on {where}: {what}: "
                                 f"{self.log_tail(log.name)}")
             time.sleep(0.1)
         return m

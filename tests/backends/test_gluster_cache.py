@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -148,12 +149,20 @@ def caching_client(gluster: GlusterBed) -> Iterator[Mount]:
 
 
 @pytest.fixture
-def target(caching_client: Mount) -> Iterator[ProbedBackend]:
-    backend = ProbedBackend(str(caching_client.path / f"t-{uuid.uuid4().hex[:6]}"))
-    backend.prepare()
+def target(gluster: GlusterBed, caching_client: Mount) -> Iterator[ProbedBackend]:
+    """A new directory of the plain volume, made through the first client and used
+    through the caching one: that client trusts the volume root's layout for 10 minutes,
+    so a mkdir there would depend on the root's layout it took when it mounted (a mkdir on
+    it failed once with EIO in a full suite); the new directory's own layout is read when
+    it is first looked up."""
+    name = f"t-{uuid.uuid4().hex[:6]}"
+    (gluster.plain.path / name).mkdir()
+    backend = ProbedBackend(str(caching_client.path / name))
+    backend.prepare()  # an empty directory: marked as the target
     yield backend
     backend.remove_tree("ck")
     backend.release()
+    shutil.rmtree(gluster.plain.path / name, ignore_errors=True)
 
 
 def test_fadvise_on_the_fuse_file_empties_the_clients_page_cache(target: LocalBackend):
