@@ -177,7 +177,7 @@ def test_only_a_process_with_bytes_to_move_can_stall() -> None:
         rank, size = 0, 2
 
         def barrier(self) -> None:
-            time.sleep(2.0)
+            time.sleep(3.0)
 
     def run(body: object, timeout: float = 0.3) -> list[str]:
         fired: list[str] = []
@@ -187,10 +187,15 @@ def test_only_a_process_with_bytes_to_move_can_stall() -> None:
         time.sleep(0.5)  # disarmed: nothing fires after
         return fired
 
-    def ticking(watch: StallWatch) -> None:  # 2 s of ticks, a gap of 1 s never
-        for _ in range(40):
+    def ticking(watch: StallWatch) -> None:  # 3 s of ticks, a gap of 1.5 s never
+        for _ in range(60):
             time.sleep(0.05)
             watch.tick(4096)
+
+    def stalled(watch: StallWatch) -> None:  # no byte moves until the watch fired
+        deadline = time.monotonic() + 60  # however slowly its thread is scheduled
+        while not watch.fired and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def busy_thread() -> None:  # a thread of the run's code beside the watched one
         while not done.wait(0.01):
@@ -200,16 +205,16 @@ def test_only_a_process_with_bytes_to_move_can_stall() -> None:
     for _ in range(5):
         threading.Thread(target=busy_thread, daemon=True).start()
     try:
-        (fired,) = run(lambda watch: time.sleep(0.8))
+        (fired,) = run(stalled)
     finally:
         done.set()
     assert fired.startswith(
         "rank 7 stalled: no byte moved for 0.3 s during the save of checkpoint-2 "
         "(--stall-timeout 0.3s); the storage stopped answering, or allow slower storage a "
-        "larger --stall-timeout; its threads: MainThread in <lambda> (tests/adversarial/"
+        "larger --stall-timeout; its threads: MainThread in stalled (tests/adversarial/"
         "test_bounds.py:"), fired  # where the watched thread waited, named first
-    assert run(ticking, 1.0) == []
-    assert run(lambda watch: WatchedGroup(Slow(), watch).barrier(), 1.0) == []
+    assert run(ticking, 1.5) == []
+    assert run(lambda watch: WatchedGroup(Slow(), watch).barrier(), 1.5) == []
     fired: list[str] = []
     StallWatch(0, fired.append)  # off
     time.sleep(0.2)
