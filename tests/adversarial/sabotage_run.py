@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,25 @@ class _Hanging:
         return getattr(self._inner, attr)
 
 
+def _damage_once(root: Path, once: Path, name: str, act: Callable[[Path, str], None],
+                 arg: str) -> None:
+    """The first process to get here damages the newest checkpoint; the others wait until
+    that is done, so none reads before it (on a loaded machine the first one can be
+    descheduled between claiming the damage and doing it)."""
+    done = once.with_name(once.name + ".done")
+    try:
+        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return
+    if name == "die-holding-locks":
+        done.touch()  # the process dies in it: nothing for the others to wait for
+    act(sorted(root.glob("run-*/checkpoint-*"))[-1], arg)
+    done.touch()
+
+
 def install(action: str, once: Path, flag: Path) -> None:
     name, _, arg = action.partition(":")
     act = ACTIONS.get(name, _unlink)
@@ -196,13 +216,7 @@ def install(action: str, once: Path, flag: Path) -> None:
         def drop_cache(self, keys: list[str]) -> str:
             if name in IO_ACTIONS:
                 return str(self._inner.drop_cache(keys))
-            try:  # the first process to get here damages the checkpoint, once
-                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
-                ckpts = sorted(Path(self._inner.root).glob("run-*/checkpoint-*"))
-                act(ckpts[-1], arg)
+            _damage_once(Path(self._inner.root), once, name, act, arg)
             return str(self._inner.drop_cache(keys))
 
         def open_write(self, key: str, size: int) -> Any:
