@@ -30,9 +30,9 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckptbench.backends.filesystems import gluster_graph, gluster_private
 from ckptbench.backends.striping import gluster_shard_block_size
 from harness import processes
+from harness.gluster_mounts import bricks_connected, is_mounted
 from harness.processes import ToolError
 
 GLUSTERD_PORT = 24007  # where bricks and clients ask glusterd (not configurable for bricks)
@@ -93,27 +93,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def is_mounted(path: Path) -> bool:
-    real = os.path.realpath(path)
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == real for line in f)
-    return False
-
-
-def bricks_connected(path: Path) -> bool:
-    """Whether the client mounted at `path` is connected to every brick (each
-    protocol/client translator of its active graph, from its .meta tree). A client that
-    is used before it is may take a directory's layout with a hole in it (the brick not
-    yet up) and keep it: with long attribute timeouts the kernel never asks again, and a
-    mkdir whose name hashes into the hole fails with EIO."""
-    try:
-        clients = [t.name for t in gluster_graph(path) if t.type == "protocol/client"]
-        return bool(clients) and all(gluster_private(path, name).get("connected") == "1"
-                                     for name in clients)
-    except (OSError, ValueError, KeyError):
-        return False
 
 
 @dataclass

@@ -152,7 +152,7 @@ def _whole_suite(config: pytest.Config) -> bool:
 
 
 # --- parallel runs (`pytest -n 2 --dist loadgroup`, pytest-xdist) ---
-SINGLE_HOST_SERVICES = ("gluster", "slurm")
+ONE_START_SERVICES = ("gluster", "slurm")
 
 
 def _service_group(fixtures: tuple[str, ...] | list[str]) -> str | None:
@@ -160,7 +160,7 @@ def _service_group(fixtures: tuple[str, ...] | list[str]) -> str | None:
     mounts: about 17 s to start) and a Slurm cluster (munged, slurmctld, two slurmd) are
     started once per session, by the one worker that runs every test using them. MinIO
     starts in a second: each worker has its own, on a free port."""
-    return next((name for name in SINGLE_HOST_SERVICES if name in fixtures), None)
+    return next((name for name in ONE_START_SERVICES if name in fixtures), None)
 
 
 @pytest.hookimpl(tryfirst=True)
