@@ -23,6 +23,7 @@ over the baseline steps.
     python benchmarks/tier_speed.py --rounds 3 --scale 16 --dir /tmp/tierspeed --probe \
         --async-rounds 2
     python benchmarks/tier_speed.py --rounds 4 --huge-tmpfs 4g   # copies in 2 MiB pages
+    python benchmarks/tier_speed.py --rounds 4 --huge-tmpfs 4g --restore-layout world_size=8,tp=2
 """
 
 from __future__ import annotations
@@ -85,13 +86,21 @@ def async_run(rpn: int, scale: int, workdir: Path, tag: str) -> dict[str, Any]:
             ["over_baseline"]["peer"]}
 
 
+def _bw(ratios: dict[str, float], tier: str) -> float | None:
+    """A restart's bandwidth over its baseline's, for the processes `tier` served (None:
+    it served none; a resharded restart can be served by the other tier alone)."""
+    return 1 / ratios[tier] if tier in ratios else None
+
+
 def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, tag: str,
-            memory_dir: str | None = None) -> dict[str, Any]:
+            memory_dir: str | None = None, restore_layout: str | None = None
+            ) -> dict[str, Any]:
     rpn, k = cfg
     rows, (load0, load1) = _ckptbench(
         ["--scale", str(scale), "--tiers", "memory,peer,storage", "--ranks-per-node", str(rpn),
          "--peer-replicas", str(k), "--iterations", str(iterations), "--storage-every", "2",
-         *(["--memory-dir", memory_dir] if memory_dir else [])],
+         *(["--memory-dir", memory_dir] if memory_dir else []),
+         *(["--restore-layout", restore_layout] if restore_layout else [])],
         workdir, tag)
     mem, peer = rows[("tier_summary", "memory")], rows[("tier_summary", "peer")]
     proc, node = rows[("tier_restore_summary", "process")], rows[("tier_restore_summary", "node")]
@@ -99,8 +108,9 @@ def one_run(cfg: tuple[int, int], scale: int, iterations: int, workdir: Path, ta
     return {"nodes": 8 // rpn, "k": k, "load": (load0, load1),
             "memory_x_copy": mem["over_baseline"],
             "peer_bw": 1 / peer["over_baseline"],
-            "restore_memory_bw": 1 / proc["over_baseline"]["memory"],
-            "restore_peer_bw": 1 / node["over_baseline"]["peer"],
+            "restore_memory_bw": _bw(proc["over_baseline"], "memory"),
+            "restore_peer_bw": _bw(node["over_baseline"], "peer"),
+            "process_peer_bw": _bw(proc["over_baseline"], "peer"),
             "process_s": proc["seconds"], "node_s": node["seconds"],
             "storage_s": storage["seconds"]}
 
@@ -170,8 +180,8 @@ def probe(processes: int, nbytes: int, repeat: int = 5) -> dict[str, float]:
     return at_once(_probe_one, [(i, nbytes, repeat) for i in range(processes)])
 
 
-def _f(x: float) -> str:
-    return f"{x:.2f}"
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main() -> None:
@@ -187,6 +197,9 @@ def main() -> None:
     ap.add_argument("--probe-mib", type=int, default=45, help="one process's shard at scale 16")
     ap.add_argument("--memory-dir", help="the memory tier's directory [default: the run's, "
                     "/dev/shm]; a tmpfs mounted with huge=always holds copies in 2 MiB pages")
+    ap.add_argument("--restore-layout", metavar="LAYOUT",
+                    help="restart onto this layout (e.g. world_size=8,tp=2): the process and "
+                    "node restarts read DCP's load plan from the tiers")
     ap.add_argument("--huge-tmpfs", metavar="SIZE",
                     help="mount a tmpfs of SIZE (e.g. 4g) with huge=always for the run's "
                     "memory directory, unmounted after (root only)")
@@ -229,12 +242,12 @@ def rounds(a: argparse.Namespace) -> None:
     configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
     runs: list[dict[str, Any]] = []
     cols = ("memory_x_copy", "peer_bw", "restore_memory_bw", "restore_peer_bw",
-            "process_s", "node_s", "storage_s")
+            "process_peer_bw", "process_s", "node_s", "storage_s")
     print("nodes k load(before,after) " + " ".join(cols))
     for rnd in range(a.rounds):
         for cfg in configs if rnd % 2 == 0 else configs[::-1]:
             r = one_run(cfg, a.scale, a.iterations, a.dir, f"r{rnd}-{cfg[0]}-{cfg[1]}",
-                        a.memory_dir)
+                        a.memory_dir, a.restore_layout)
             runs.append(r)
             print(f"{r['nodes']} {r['k']} {r['load'][0]:.1f},{r['load'][1]:.1f} "
                   + " ".join(_f(r[c]) for c in cols), flush=True)
@@ -244,9 +257,15 @@ def rounds(a: argparse.Namespace) -> None:
         mine = [r for r in runs if (r["nodes"], r["k"]) == (8 // rpn, k)]
         loads = [x for r in mine for x in r["load"]]
         print(f"| {8 // rpn} | {k} | {len(mine)} | {min(loads):.0f}-{max(loads):.0f} | "
-              + " | ".join(f"{_f(statistics.median(r[c] for r in mine))} "
-                           f"({_f(min(r[c] for r in mine))}-{_f(max(r[c] for r in mine))})"
-                           for c in cols) + " |")
+              + " | ".join(_spread([r[c] for r in mine if r[c] is not None]) for c in cols)
+              + " |")
+
+
+def _spread(xs: list[float]) -> str:
+    """median (min-max), or - when no run had it."""
+    if not xs:
+        return "-"
+    return f"{_f(statistics.median(xs))} ({_f(min(xs))}-{_f(max(xs))})"
 
 
 def async_rounds(a: argparse.Namespace) -> None:

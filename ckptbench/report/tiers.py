@@ -116,6 +116,8 @@ def _restore_summary(scenario: str, rows: list[dict[str, Any]]) -> dict[str, Any
             "slowest_s": slowest, "over_baseline": ratios,
             "baseline_s": max(base) if base else None,
             "lost_nodes": rows[0].get("lost_nodes", []),
+            # onto the restore layout (runner.tier_reshard): DCP's load plan from the tiers
+            "resharded": any("restore_ranks" in r for r in rows),
             "verified": all(r.get("verified") for r in rows)}
 
 

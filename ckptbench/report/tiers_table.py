@@ -46,7 +46,8 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
                    _s(r["blocking_s"]), _s(r["baseline_s"]), f"{r['over_baseline']:.2f}",
                    gbps(r["rate_Bps"]), r["transport"] + _steps(r))
                   for r in rows if r["type"] == SUMMARY)
-    restarts = tuple((r["scenario"], str(r["iteration"]), format_size(r["bytes"]),
+    restarts = tuple((r["scenario"] + (", resharded" if r.get("resharded") else ""),
+                      str(r["iteration"]), format_size(r["bytes"]),
                       _s(r["seconds"]), gbps(r["rate_Bps"]), _s(r["baseline_s"]),
                       ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["over_baseline"].items()))
                       or "-",
@@ -76,7 +77,14 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
              "plan, the rest from the tiers; storage: the last stored checkpoint's restore. "
              "served by: the tier that served each process (p: process numbers). x baseline: per serving tier, its slowest process over "
              "the slowest plain copy (memory) or plain transfer from the same holder (peer) "
-             "of the same bytes. Every byte checked against the save's digests.",)))
+             "of the same bytes. Every byte checked against the save's digests.",
+             *(("resharded: onto the restore layout, each process reads its restore ranks' "
+                "chunks (DCP's load plan) from the nearest copy, its node's first; memory: "
+                "its node's memory copies only; peer: a replica, or bytes from another node "
+                "(baseline: a plain copy and a plain transfer of the same bytes). A process "
+                "the restore layout gives no rank reads nothing and is not counted.",)
+              if any(r.get("resharded") for r in rows if r["type"] == RESTORE_SUMMARY)
+              else ()))))
     return out
 
 

@@ -28,6 +28,10 @@ import numpy as np
 PIECE = 256 << 20
 MISSING = -1
 TAG_REPLICA, TAG_PLAIN, TAG_SIZE, TAG_FETCH = 3201, 3202, 3203, 3204
+TAG_RANGES_OK, TAG_RANGES = 3205, 3206
+
+# Ranges of a copy: (offset in the copy, bytes, offset in the reader's memory).
+Ranges = list[tuple[int, int, int]]
 
 
 def _pieces(buf: np.ndarray) -> list[np.ndarray]:
@@ -98,6 +102,55 @@ class MpiPeers:
                 with contextlib.suppress(BufferError):
                     m.close()
         return ok
+
+
+def _map_for(source: Path | np.ndarray, need: int
+             ) -> tuple[mmap.mmap | None, np.ndarray] | None:
+    """A copy's file mapped for reading, or the plain memory given; None when the file is
+    missing or shorter than `need`."""
+    if isinstance(source, np.ndarray):
+        return None, source
+    if not source.is_file() or source.stat().st_size < need:
+        return None
+    if need == 0:
+        return None, np.empty(0, dtype=np.uint8)
+    with open(source, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return mapped, np.frombuffer(mapped, dtype=np.uint8)
+
+
+def fetch_ranges(peers: MpiPeers, serves: Sequence[tuple[int, Path | np.ndarray, Ranges]],
+                 wants: Sequence[tuple[int, Ranges]], out: np.ndarray) -> list[bool]:
+    """Collective restart fetch onto another layout. `serves`: (reader, the copy's file
+    or plain memory, its ranges) for each request made of this process, in the order the
+    reader made them; `wants`: (holder, ranges) for each request this process makes, in
+    its order; each range goes into `out` at its offset. Per want, whether its holder had
+    the copy (a holder without it sends nothing for it)."""
+    maps: list[tuple[mmap.mmap | None, np.ndarray] | None] = [
+        _map_for(src, max((at + n for at, n, _ in rs), default=0)) for _, src, rs in serves]
+    flags = [np.full(1, 1 if m is not None else MISSING, dtype=np.int64) for m in maps]
+    got = [np.full(1, MISSING, dtype=np.int64) for _ in wants]
+    try:
+        peers.exchange([(reader, flag) for (reader, _, _), flag in zip(serves, flags,
+                                                                         strict=True)],
+                       [(holder, g) for (holder, _), g in zip(wants, got, strict=True)],
+                       TAG_RANGES_OK)
+        ok = [int(g[0]) == 1 for g in got]
+        sends = [(reader, m[1][at:at + n]) for (reader, _, rs), m in zip(serves, maps,
+                                                                           strict=True)
+                 if m is not None for at, n, _ in rs]
+        recvs = [(holder, out[dest:dest + n]) for (holder, rs), fine in zip(wants, ok,
+                                                                             strict=True)
+                 if fine for _, n, dest in rs]
+        peers.exchange(sends, recvs, TAG_RANGES)
+        return ok
+    finally:
+        mapped = [m[0] for m in maps if m is not None and m[0] is not None]
+        sends = recvs = []
+        maps.clear()  # the views go before their maps close
+        for m in mapped:
+            with contextlib.suppress(BufferError):
+                m.close()
 
 
 def node_local(hosts: Sequence[str]) -> str:

@@ -11,7 +11,12 @@ process's own plain-copy memory), as the replicas' files and a restarted process
 are; never a small reused buffer (it stays in the caches) nor fresh zeroed memory (it
 reads the kernel's one zero page).
 
-One request per connection, a fixed header: op, source process, checkpoint, bytes.
+One request per connection, a fixed header: op, source process, checkpoint, bytes. A
+restart onto another layout (runner.tier_reshard) asks for ranges of a copy (RANGES: the
+holder node's own memory copy of the source process; REPLICA_RANGES: its replica;
+PLAIN_RANGES: as many bytes of the plain-transfer memory, the baseline): the header, a
+count, then (offset, bytes) per range; the holder answers the total (or MISSING) and sends
+the ranges in order (``sendfile`` from the copy's file).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from ckptbench.formats.base import everyone
 from ckptbench.runner.tier_mpi import MpiPeers, node_local
-from ckptbench.runner.tier_store import PreparedCopy, copy_name
+from ckptbench.runner.tier_store import PreparedCopy, copy_name, mapped_copy
 
 if TYPE_CHECKING:
     from ckptbench.plan.tiers import TierPlan
@@ -36,6 +41,9 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("!BIIQ")  # op, source process, checkpoint, bytes
 PUT, GET, SINK, SOURCE = 1, 2, 3, 4
+RANGES, REPLICA_RANGES, PLAIN_RANGES = 5, 6, 7
+RANGE = struct.Struct("!QQ")  # offset in the copy, bytes
+COUNT = struct.Struct("!I")
 MISSING = (1 << 64) - 1
 CHUNK = 4 << 20
 TIMEOUT_S = 600.0
@@ -99,6 +107,8 @@ class PeerServer:
                 elif op == SOURCE:
                     conn.sendall(struct.pack("!Q", nbytes))
                     conn.sendall(self._plain(nbytes).data)
+                elif op in (RANGES, REPLICA_RANGES, PLAIN_RANGES):
+                    self._ranges(conn, op, src, it)
             except (OSError, struct.error, ConnectionError) as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -156,6 +166,36 @@ class PeerServer:
         with open(path, "rb", buffering=0) as f:
             conn.sendall(struct.pack("!Q", os.fstat(f.fileno()).st_size))
             conn.sendfile(f)
+
+    def _ranges(self, conn: socket.socket, op: int, src: int, it: int) -> None:
+        (count,) = COUNT.unpack(_recv_exact(conn, COUNT.size))
+        raw = _recv_exact(conn, RANGE.size * count)
+        ranges = [RANGE.unpack_from(raw, k * RANGE.size) for k in range(count)]
+        end = max((at + n for at, n in ranges), default=0)
+        total = sum(n for _, n in ranges)
+        if op == PLAIN_RANGES:
+            plain = self._plain(end)
+            conn.sendall(struct.pack("!Q", total))
+            for at, n in ranges:
+                conn.sendall(plain[at:at + n].data)
+            return
+        path = (self.path(src, it) if op == REPLICA_RANGES
+                else self.directory / copy_name(src, it))
+        if not path.is_file() or path.stat().st_size < end:
+            conn.sendall(struct.pack("!Q", MISSING))
+            return
+        # Sent from the copy's mapping, as the baseline sends from memory: per range a
+        # sendfile() measured 0.73-0.86x the plain transfer, where the whole copy's
+        # sendfile (GET) keeps up.
+        mapped, held = mapped_copy(path, end)
+        try:
+            conn.sendall(struct.pack("!Q", total))
+            for at, n in ranges:
+                conn.sendall(held[at:at + n].data)
+        finally:
+            del held
+            if mapped is not None:
+                mapped.close()
 
     def close(self) -> None:
         for copy in self.prepared.values():
@@ -219,6 +259,25 @@ def fetch(address: tuple[str, int], src: int, it: int, out: np.ndarray,
             raise ConnectionError(f"the holder's replica has {nbytes} bytes, the shard "
                                   f"{out.nbytes}")
         _recv_into(sock, out.data)
+        return True
+
+
+def fetch_ranges(address: tuple[str, int], op: int, src: int, it: int,
+                 ranges: list[tuple[int, int, int]], out: np.ndarray) -> bool:
+    """Ranges (offset in the copy, bytes, offset in `out`) of src's copy of checkpoint
+    `it` from the process at `address` (op: RANGES, REPLICA_RANGES or PLAIN_RANGES) into
+    `out`, each where it goes; False when it holds no such copy."""
+    total = sum(n for _, n, _ in ranges)
+    with _connect(address) as sock:
+        sock.sendall(HEADER.pack(op, src, it, total) + COUNT.pack(len(ranges))
+                     + b"".join(RANGE.pack(at, n) for at, n, _ in ranges))
+        (nbytes,) = struct.unpack("!Q", _recv_exact(sock, 8))
+        if nbytes == MISSING:
+            return False
+        if nbytes != total:
+            raise ConnectionError(f"the holder sends {nbytes} bytes, the ranges are {total}")
+        for _, n, dest in ranges:
+            _recv_into(sock, out[dest:dest + n].data)
         return True
 
 

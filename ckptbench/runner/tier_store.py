@@ -162,6 +162,42 @@ def read_copy(path: Path, out: np.ndarray) -> None:
             del held  # the mapping closes only once no view of it is left
 
 
+def mapped_copy(path: Path, need: int) -> tuple[mmap.mmap | None, np.ndarray]:
+    """A held copy mapped for reading (``MAP_POPULATE``) and a view of it; OSError when
+    it is shorter than `need` bytes. Close the map once the view is gone."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < need:
+            raise OSError(f"{path}: {size} bytes, the reads need {need}")
+        if size == 0:
+            return None, np.empty(0, dtype=np.uint8)
+        mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                           prot=mmap.PROT_READ)
+    return mapped, np.frombuffer(mapped, np.uint8)
+
+
+def read_ranges(path: Path, ranges: list[tuple[int, int, int]], out: np.ndarray) -> None:
+    """Ranges (offset in the copy, bytes, offset in `out`) of a held copy into `out`: a
+    restart onto another layout reads the chunks its load plan gives it. Only the span
+    the ranges cover is mapped (``MAP_POPULATE``, as :func:`read_copy`): a process reads
+    parts of other processes' copies."""
+    ranges = [g for g in ranges if g[1]]
+    if not ranges:
+        return
+    lo = min(at for at, _, _ in ranges) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    hi = max(at + n for at, n, _ in ranges)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < hi:
+            raise OSError(f"{path}: {size} bytes, the reads need {hi}")
+        with mmap.mmap(f.fileno(), hi - lo, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                       prot=mmap.PROT_READ, offset=lo) as mapped:
+            held = np.frombuffer(mapped, np.uint8)
+            for at, n, dest in ranges:
+                np.copyto(out[dest:dest + n], held[at - lo:at - lo + n])
+            del held  # the mapping closes only once no view of it is left
+
+
 def remove_names(paths: list[Path]) -> None:
     """Remove exactly these copies (and parts left by a failed write)."""
     for p in paths:
@@ -285,6 +321,13 @@ def place_tiers(options: RunOptions, plan: Plan, groups: list[list[int]], hosts:
         if tplan is None:
             return options, None
         check_memory(tplan, [plan.bytes_of_ranks(g) for g in groups], hosts)
+        w = plan.workload
+        ran = sum(len(g) for g in groups)
+        if options.uses_restore_plan and w.restore_parallel != w.parallel and ran < plan.world_size:
+            raise SpecError(f"--tiers with --restore-layout {w.restore_parallel.label}: the "
+                            f"restarts read chunks of every saved rank from the tiers, and "
+                            f"this run saves {ran} of {plan.world_size}; allowed: every rank, "
+                            "or the save's layout")
     except SpecError as exc:
         return options, exc
     return replace(options, tier_plan=tplan), None

@@ -31,6 +31,7 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,9 @@ import numpy as np
 
 from ckptbench.errors import RunFailed, describe_error
 from ckptbench.formats.base import everyone, file_jobs, from_root, now
+from ckptbench.formats.ranged import restore_positions
 from ckptbench.payload import PayloadGenerator, digest
+from ckptbench.plan.tier_reads import CopyRead, chunk_reads, copy_offsets, reshards
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
 from ckptbench.runner.cleanup import remove_checkpoint
@@ -54,7 +57,20 @@ from ckptbench.runner.tier_peer import (
     send,
     send_all,
 )
-from ckptbench.runner.tier_restart import Restart, held_record, restart_rounds
+from ckptbench.runner.tier_reshard import (
+    ChunkDigests,
+    Mover,
+    ReshardRestart,
+    first_bad_chunk,
+    plan_restart,
+    reshard_record,
+)
+from ckptbench.runner.tier_restart import (
+    RESTART_ORDER,
+    Restart,
+    held_record,
+    restart_rounds,
+)
 from ckptbench.runner.tier_storage import beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
@@ -107,6 +123,12 @@ class TierRun:
         self.mpi: MpiPeers | None = None  # MPI launched the run: replicas go by MPI
         self.sinks: dict[int, np.ndarray] = {}  # MPI: the plain transfers' destinations
         self.kept = 0  # the storage checkpoint kept for the group restart (0: none)
+        # A [restore] layout other than the save's: the process and node restarts read
+        # DCP's load plan from the copies (runner.tier_reshard), checked chunk by chunk.
+        self.reads: list[CopyRead] | None = None
+        self.restore_ranks: list[int] = []
+        self.chunk_digests: ChunkDigests = {}  # this process's, of the newest checkpoint
+        self.expected_chunks: dict[int, ChunkDigests] = {}  # process 0: it -> all
 
     # --- the run ---
     def run_all(self) -> None:
@@ -149,7 +171,15 @@ class TierRun:
 
     def _start(self) -> None:
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
-        if self.spec.has("peer"):
+        plan, rplan = self.run.plan, self.run.rplan
+        if rplan is not None and reshards(rplan, plan):
+            owners = copy_offsets(plan, everyone(self.comm, list(self.run.my_ranks)))
+            self.restore_ranks = restore_positions(self.run.my_ranks, self.run.all_ranks,
+                                                   plan.world_size, rplan.world_size, 0)
+            self.reads = chunk_reads(rplan, self.restore_ranks, owners)
+        # Peer links: the replicas' transport, and a resharded restart's fetches of chunks
+        # whose copies are on other nodes.
+        if self.spec.has("peer") or (self.reads is not None and self.tp.nodes > 1):
             self.server, self.mpi, self.addresses, self.transport = open_links(
                 self.comm, self.tp, self.dir)
         self.jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", 1, self.o.seed)
@@ -186,10 +216,14 @@ class TierRun:
         assert self.state is not None
         jobs = file_jobs(self.run.plan, self.run.my_ranks, "tiers", it, self.o.seed)
         digests, at = [], 0
+        self.chunk_digests = {}
         for job in jobs:
             part = self.state[at:at + job.size]
             self.gen.fill(job.base, job.regions, 0, part)
             digests.append(digest(part))
+            if self.reads is not None:  # what a resharded restart checks its chunks with
+                self.chunk_digests.update({(job.index, g.start): digest(part[g.start:g.end])
+                                           for g in job.regions})
             at += job.size
         return digests
 
@@ -212,6 +246,11 @@ class TierRun:
         gathered = self.comm.gather(digests)
         if gathered is not None:
             self.expected[it] = gathered
+        if self.reads is not None:
+            chunks = self.comm.gather(self.chunk_digests)
+            if chunks is not None:
+                self.expected_chunks[it] = {k: v for c in chunks for k, v in c.items()}
+                self.expected_chunks.pop(it - HELD_COPIES, None)
         if self.spec.has("memory"):
             path = self.dir / copy_name(self.proc, it)
             self.mine.append(path)
@@ -288,10 +327,16 @@ class TierRun:
 
     # --- restarts ---
     def _restarts(self, it: int) -> None:
-        expected = from_root(self.comm, self.expected.get(it))
-        self._restart("process", it, set(), expected)
-        if self.spec.has("peer"):
-            self._restart("node", it, {self.tp.nodes - 1}, expected)
+        if self.reads is not None:  # onto the restore layout
+            chunks = from_root(self.comm, self.expected_chunks.get(it))
+            self._reshard_restart("process", it, set(), chunks)
+            if self.spec.has("peer"):
+                self._reshard_restart("node", it, {self.tp.nodes - 1}, chunks)
+        else:
+            expected = from_root(self.comm, self.expected.get(it))
+            self._restart("process", it, set(), expected)
+            if self.spec.has("peer"):
+                self._restart("node", it, {self.tp.nodes - 1}, expected)
         if self.kept:
             lost = set(self.tp.group(self.tp.nodes - 1))
             self._restart("group", self.kept, lost, from_root(self.comm, self.expected.get(self.kept)))
@@ -310,6 +355,10 @@ class TierRun:
             self.plain = touched(max(self.sizes))
             if self.server is not None:
                 self.server.lend(self.plain)
+        if self.state is None or self.state.nbytes != self.nbytes:
+            # a restart onto another layout left its state in that layout: the plain
+            # copy's source is one of this shard's size, written before the clock
+            self.state = touched(self.nbytes)
         r = Restart(scenario, it, lost, source, self.plain[:self.nbytes], self.state)
         self.state = None  # the process restarts: its state is gone
         if self.node in lost:  # the node replaced: its copies are gone with it
@@ -341,12 +390,82 @@ class TierRun:
                                  **rec, "lost_nodes": sorted(lost)})
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
+        self._agree(scenario, error)
+
+    def _agree(self, scenario: str, error: str | None) -> None:
+        """Collective: every process fails the restart when one did, with its error."""
         errors = self.comm.gather(error)
         first = next((e for e in errors if e), None) if errors is not None else None
         first = self.comm.bcast(first)
         if first:  # no partial restart is summarized as one: its records go
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
+
+    def _reshard_restart(self, scenario: str, it: int, lost: set[int],
+                         expected: ChunkDigests) -> None:
+        """A restart onto the restore layout (runner.tier_reshard), collectively as
+        :meth:`_restart`: the state dropped (and a replaced node's copies), the memory for
+        the restore ranks' chunks allocated, then the reads and their baselines in the
+        order of RESTART_ORDER, every process at once; each chunk checked once all are
+        in."""
+        assert self.reads is not None
+        if self.plain.nbytes < max(self.sizes):  # the baselines' memory, before the clock
+            self.plain = touched(max(self.sizes))
+            if self.server is not None:
+                self.server.lend(self.plain)
+        self.state = None
+        if self.node in lost:
+            self._drop(it)
+        error: str | None = None
+        try:
+            r = plan_restart(scenario, it, lost, self.reads, self.tp, self.proc, self.dir,
+                             self._missing_chunk(it, lost))
+        except BaseException as exc:  # it still serves others and enters the collectives
+            error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+            r = ReshardRestart(scenario, it, lost, [], {}, np.empty(0, dtype=np.uint8))
+        mover = Mover(self.proc, self.dir, self.plain, self.addresses, self.mpi)
+        if self.mpi is not None:  # what each holder serves, off the clock
+            mover.asked = everyone(self.comm, r.requests())
+        for step in RESTART_ORDER:
+            self.comm.barrier()
+            t = now()
+            try:
+                gone = mover.move(r, step == "baseline", error)
+                if gone and not error:
+                    raise RunFailed(f"checkpoint {it}: {self._shard()}: {gone[0]}", "missing")
+            except BaseException as exc:
+                error = error or (str(exc) if isinstance(exc, RunFailed)
+                                  else describe_error(exc)[1])
+            r.rounds[step].append((t, now()))
+        self.comm.barrier()  # every process's bytes in before any checks them
+        try:
+            if error:
+                raise RunFailed(error, "restore")
+            t0 = now()
+            bad = first_bad_chunk(r, expected)
+            if bad is not None:
+                raise RunFailed(
+                    f"checkpoint {it}: {self._shard()}: file "
+                    f"{self.run.plan.file_paths[bad.file]} (the chunk at byte {bad.offset}) "
+                    f"from {r.sources[bad.owner].describe(self.tp)} differs from the "
+                    "save's digest", "verify")
+            rec = reshard_record(r, self.tp, self.offset, (now() - t0) / 1e9,
+                                 self.restore_ranks)
+            self.state = r.data
+            if r.reads:  # a process the restore layout gives no rank has nothing to read
+                self.records.append({"type": "tier_restore", "scenario": scenario,
+                                     "iteration": it, "process": self.proc,
+                                     "node": self.node, **rec, "lost_nodes": sorted(lost)})
+        except BaseException as exc:
+            error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
+        self._agree(scenario, error)
+
+    def _missing_chunk(self, it: int, lost: set[int]) -> Callable[[int, int], str]:
+        def line(file: int, owner: int) -> str:
+            return (f"checkpoint {it}: {self._shard()}: file {self.run.plan.file_paths[file]}"
+                    f" (saved by process {owner}): no tier holds it after losing node(s) "
+                    f"{sorted(lost)}")
+        return line
 
     def _round(self, step: str, fetch_step: str, r: Restart, error: str | None) -> None:
         """One round of a restart, every process at once: the read into `r.data` or its
