@@ -81,8 +81,10 @@ def tier_grids(run: dict[str, Any]) -> list[Grid]:
              *(("resharded: onto the restore layout, each process reads its restore ranks' "
                 "chunks (DCP's load plan) from the nearest copy, its node's first; memory: "
                 "its node's memory copies only; peer: a replica, or bytes from another node "
-                "(baseline: a plain copy and a plain transfer of the same bytes). A process "
-                "the restore layout gives no rank reads nothing and is not counted.",)
+                "(baseline: a plain copy and a plain transfer of the same bytes); storage: "
+                "some of its chunks no tier held, read from storage by the same plan (no "
+                "baseline). A process the restore layout gives no rank reads nothing and "
+                "is not counted.",)
               if any(r.get("resharded") for r in rows if r["type"] == RESTORE_SUMMARY)
               else ()))))
     return out

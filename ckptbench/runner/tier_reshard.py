@@ -24,7 +24,7 @@ import statistics
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.tier_mpi import MpiPeers, Ranges, fetch_ranges
 from ckptbench.runner.tier_peer import PLAIN_RANGES, RANGES, REPLICA_RANGES
 from ckptbench.runner.tier_peer import fetch_ranges as fetch_ranges_tcp
+from ckptbench.runner.tier_storage import StoragePart
 from ckptbench.runner.tier_store import copy_name, read_ranges
 
 # A chunk's save digest by (file index, offset in the file).
@@ -84,9 +85,11 @@ class ReshardRestart:
     scenario: str
     it: int
     lost: set[int]
-    reads: list[CopyRead]
+    reads: list[CopyRead]  # the chunks the tiers serve (their `dest`: in `data`)
     sources: dict[int, Source]  # owner -> the copy read
     data: np.ndarray
+    stored: set[int] = field(default_factory=set)  # group: owners only storage holds
+    part: StoragePart | None = None  # group: this process's storage read
     local: list[tuple[Path, Ranges]] = field(default_factory=list)
     remote: list[tuple[Source, Ranges]] = field(default_factory=list)  # (holder, owner) order
     rounds: dict[str, list[tuple[int, int]]] = field(
@@ -109,23 +112,31 @@ class ReshardRestart:
 
 def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
                  tp: TierPlan, proc: int, directory: Path,
-                 missing: Callable[[int, int], str]) -> ReshardRestart:
-    """The restart's sources and ranges for process `proc` (its reads: `reads`); a chunk
-    no copy holds raises RunFailed with `missing(file, owner)`, the line naming it."""
+                 missing: Callable[[int, int], str], held: bool = True) -> ReshardRestart:
+    """The restart's sources and ranges for process `proc` (its reads: `reads`; `held`:
+    whether the tiers still hold checkpoint `it`). A chunk no copy holds is storage's in
+    the group restart (its owner in ``stored``), else RunFailed with `missing(file,
+    owner)`, the line naming it."""
     by_owner: dict[int, list[CopyRead]] = defaultdict(list)
     for rd in reads:
         by_owner[rd.owner].append(rd)
     sources: dict[int, Source] = {}
+    stored: set[int] = set()
     for owner, mine in by_owner.items():
-        src = choose_source(tp, owner, tp.node_of[proc], lost)
-        if src is None:
+        src = choose_source(tp, owner, tp.node_of[proc], lost) if held else None
+        if src is None and scenario == "group":
+            stored.add(owner)
+        elif src is None:
             raise RunFailed(missing(mine[0].file, owner), "missing")
-        sources[owner] = src
+        else:
+            sources[owner] = src
+    reads = _packed([rd for rd in reads if rd.owner not in stored])
     local: dict[int, Ranges] = defaultdict(list)
     for rg in merged_ranges(reads):
         local[rg.owner].append((rg.at, rg.nbytes, rg.dest))
     total = sum(rd.nbytes for rd in reads)
-    r = ReshardRestart(scenario, it, lost, reads, sources, np.empty(0, dtype=np.uint8))
+    r = ReshardRestart(scenario, it, lost, reads, sources, np.empty(0, dtype=np.uint8),
+                       stored)
     for owner, rs in local.items():
         src = sources[owner]
         if src.local:
@@ -138,6 +149,15 @@ def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
     return r
 
 
+def _packed(reads: list[CopyRead]) -> list[CopyRead]:
+    """`reads` end to end in the reader's memory (those storage serves taken out)."""
+    out, dest = [], 0
+    for rd in reads:
+        out.append(replace(rd, dest=dest))
+        dest += rd.nbytes
+    return out
+
+
 class Mover:
     """Moves a restart's ranges, read or baseline: the node's own ranges in a thread beside
     the fetches (TCP: a thread per holder; MPI: collective, on the calling thread)."""
@@ -148,9 +168,13 @@ class Mover:
         self.addresses, self.mpi = addresses, mpi
         self.asked: list[list[tuple[int, int, bool, list[tuple[int, int]]]]] = []
 
-    def move(self, r: ReshardRestart, plain: bool, error: str | None) -> list[str]:
+    def move(self, r: ReshardRestart, plain: bool, error: str | None, mpi: bool = True,
+             rest: bool = True) -> list[str]:
         """One round into `r.data` (`plain`: the baseline); the copies that were missing.
-        Under MPI the exchange is entered after an `error` too (nothing else is)."""
+        Under MPI the exchange is entered after an `error` too (nothing else is). `mpi`,
+        `rest`: whether to run the MPI exchange, and the rest (the node's own ranges and
+        TCP fetches): the group restart runs the exchange on the main thread first, the
+        rest beside the storage read."""
         missing: list[str] = []
         errors: list[BaseException] = []
 
@@ -160,15 +184,15 @@ class Mover:
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [] if error else [threading.Thread(target=guarded, args=(
+        threads = [] if error or not rest else [threading.Thread(target=guarded, args=(
             self._local, r, plain), daemon=True)]
-        if not error and self.mpi is None:
+        if not error and rest and self.mpi is None:
             for src, rs in r.remote:
                 threads.append(threading.Thread(target=guarded, args=(
                     self._fetch_tcp, r, src, rs, plain, missing), daemon=True))
         for t in threads:
             t.start()
-        if self.mpi is not None:
+        if self.mpi is not None and mpi:
             guarded(self._fetch_mpi, r, plain, missing, error)
         for t in threads:
             t.join()
@@ -216,10 +240,11 @@ def first_bad_chunk(r: ReshardRestart, expected: ChunkDigests) -> CopyRead | Non
 
 
 def reshard_record(r: ReshardRestart, tp: TierPlan, offset: int, verify_s: float,
-                   restore_ranks: list[int]) -> dict[str, Any]:
-    """The restore record's fields. `tier`: memory when every byte came from copies on
-    the process's own node that are memory copies, else peer (a replica, or bytes over
-    the network)."""
+                   restore_ranks: list[int], verified: bool = True) -> dict[str, Any]:
+    """The restore record's fields. `tier`: storage when storage served some of its
+    chunks (the group restart; `verified`: the run's --verify, as the format checked
+    them), memory when every byte came from copies on the process's own node that are
+    memory copies, else peer (a replica, or bytes over the network)."""
     reads = [(b - a) / 1e9 for a, b in r.rounds["read"]]
     bases = [(b - a) / 1e9 for a, b in r.rounds["baseline"]]
     first = r.rounds["read"][0]
@@ -227,15 +252,18 @@ def reshard_record(r: ReshardRestart, tp: TierPlan, offset: int, verify_s: float
     peer = r.remote_bytes > 0 or any(s.replica for s in r.sources.values())
     baseline = " + ".join(x for x, n in (("plain copy", r.local_bytes),
                                         ("plain transfer", r.remote_bytes)) if n)
-    one = used[0] if len(used) == 1 else None
-    return {"tier": "peer" if peer else "memory",
+    stored = r.part.bytes if r.part is not None else 0
+    one = used[0] if len(used) == 1 and not stored else None
+    return {"tier": "storage" if stored else "peer" if peer else "memory",
             "from_node": tp.node_of[one] if one is not None else None,
             "from_process": one, "from_processes": used,
-            "bytes": int(r.data.nbytes), "local_bytes": r.local_bytes,
-            "remote_bytes": r.remote_bytes,
+            "bytes": int(r.data.nbytes) + stored, "local_bytes": r.local_bytes,
+            "remote_bytes": r.remote_bytes, "storage_bytes": stored,
             "start_ns": first[0] + offset, "end_ns": first[1] + offset,
             "seconds": statistics.median(reads), "rounds_s": reads,
-            "verify_s": verify_s, "verified": True,
-            "baseline_s": statistics.median(bases) if bases else 0.0,
-            "baseline_rounds_s": bases, "baseline": baseline or "plain copy",
+            "verify_s": verify_s, "verified": verified or not stored,
+            # a storage read has no baseline: a process it served in part has none
+            "baseline_s": statistics.median(bases) if bases and not stored else 0.0,
+            "baseline_rounds_s": [] if stored else bases,
+            "baseline": None if stored else baseline or "plain copy",
             "reads": "dcp plan", "restore_ranks": restore_ranks}

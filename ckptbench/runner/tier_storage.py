@@ -55,11 +55,16 @@ def storage_jobs(run: Iterations, it: int) -> tuple[list[FileJob], PlannedRestor
     return run.jobs(it), None, "files"
 
 
-def _storage_read(run: Iterations, it: int, mine: bool) -> StoragePart:
-    """Collective: the format's restore of checkpoint `it`, this process's jobs when
-    `mine`, none otherwise; errors and mismatches kept, never raised."""
-    jobs, planned, reads = storage_jobs(run, it)
-    if not mine:
+StorageJobs = tuple[list[FileJob], PlannedRestore | None, str]
+
+
+def _storage_read(run: Iterations, it: int, mine: bool, given: StorageJobs | None = None
+                  ) -> StoragePart:
+    """Collective: the format's restore of checkpoint `it`: the jobs `given` (a restart
+    onto another layout: the chunks no tier holds), else this process's jobs when `mine`,
+    none otherwise; errors and mismatches kept, never raised."""
+    jobs, planned, reads = given if given is not None else storage_jobs(run, it)
+    if not mine and given is None:
         jobs, planned = [], PlannedRestore([]) if planned is not None else None
     part = StoragePart(reads=reads if mine else "")
     manifest_key = f"{run.checkpoint(it)}/{run.plan.manifest}"
@@ -80,11 +85,12 @@ def _storage_read(run: Iterations, it: int, mine: bool) -> StoragePart:
     return part
 
 
-def beside_storage(run: Iterations, it: int, serve: Callable[[], R] | None
-                   ) -> tuple[R | None, StoragePart]:
+def beside_storage(run: Iterations, it: int, serve: Callable[[], R] | None,
+                   given: StorageJobs | None = None) -> tuple[R | None, StoragePart]:
     """Collective: this process's tier read `serve` (None: storage serves it) in a thread
-    beside the storage read every process enters; what it returned and the storage part. A
-    tier read's error is raised once the collective part is over."""
+    beside the storage read every process enters (of the jobs `given`, where the caller
+    chose them); what it returned and the storage part. A tier read's error is raised once
+    the collective part is over."""
     out: list[R] = []
     errors: list[BaseException] = []
 
@@ -98,7 +104,7 @@ def beside_storage(run: Iterations, it: int, serve: Callable[[], R] | None
     thread = threading.Thread(target=tier, daemon=True) if serve is not None else None
     if thread is not None:
         thread.start()
-    part = _storage_read(run, it, thread is None)
+    part = _storage_read(run, it, thread is None, given)
     if thread is not None:
         thread.join()
     if errors:

