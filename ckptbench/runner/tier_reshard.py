@@ -12,8 +12,9 @@ pieces, whole (plan.restore). Each chunk lies in the copy of the process that sa
   point, collective).
 
 The baseline of each round moves the same bytes the same way from memory written before
-the clock: a plain copy for the node's own ranges, a plain transfer from the same holders
-for the fetched ones. Every chunk is then checked against the digest the save took of it
+the clock: a plain copy for the node's own ranges (each from bytes of its own, as the
+read's come from distinct copies: ranges of one reused buffer would stay in the CPU's
+caches), a plain transfer from the same holders for the fetched ones. Every chunk is then checked against the digest the save took of it
 (process 0 keeps them, as a manifest does). A chunk no surviving copy holds is one line
 naming its file.
 """
@@ -88,6 +89,9 @@ class ReshardRestart:
     reads: list[CopyRead]  # the chunks the tiers serve (their `dest`: in `data`)
     sources: dict[int, Source]  # owner -> the copy read
     data: np.ndarray
+    # the plain copy's source: as large as `data`, written before the clock, each range
+    # copied from its own bytes (as the read's come from distinct copies)
+    source: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint8))
     stored: set[int] = field(default_factory=set)  # group: owners only storage holds
     part: StoragePart | None = None  # group: this process's storage read
     local: list[tuple[Path, Ranges]] = field(default_factory=list)
@@ -136,7 +140,7 @@ def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
         local[rg.owner].append((rg.at, rg.nbytes, rg.dest))
     total = sum(rd.nbytes for rd in reads)
     r = ReshardRestart(scenario, it, lost, reads, sources, np.empty(0, dtype=np.uint8),
-                       stored)
+                       stored=stored)
     for owner, rs in local.items():
         src = sources[owner]
         if src.local:
@@ -146,6 +150,9 @@ def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
     r.remote.sort(key=lambda x: (x[0].holder, x[0].owner))
     r.data = np.empty(total, dtype=np.uint8)
     r.data.fill(1)  # its pages in before the clock, as a framework's model is built
+    if r.local:
+        r.source = np.empty(total, dtype=np.uint8)
+        r.source.fill(1)
     return r
 
 
@@ -203,8 +210,8 @@ class Mover:
     def _local(self, r: ReshardRestart, plain: bool) -> None:
         for path, rs in r.local:
             if plain:
-                for at, n, dest in rs:
-                    np.copyto(r.data[dest:dest + n], self.plain[at:at + n])
+                for _, n, dest in rs:
+                    np.copyto(r.data[dest:dest + n], r.source[dest:dest + n])
             else:
                 read_ranges(path, rs, r.data)
 
