@@ -178,7 +178,8 @@ class Mover:
     def move(self, r: ReshardRestart, plain: bool, error: str | None, mpi: bool = True,
              rest: bool = True) -> list[str]:
         """One round into `r.data` (`plain`: the baseline); the copies that were missing.
-        Under MPI the exchange is entered after an `error` too (nothing else is). `mpi`,
+        Under MPI the exchange is entered after an `error` too, as it was asked for (nothing
+        else is). `mpi`,
         `rest`: whether to run the MPI exchange, and the rest (the node's own ranges and
         TCP fetches): the group restart runs the exchange on the main thread first, the
         rest beside the storage read."""
@@ -200,7 +201,7 @@ class Mover:
         for t in threads:
             t.start()
         if self.mpi is not None and mpi:
-            guarded(self._fetch_mpi, r, plain, missing, error)
+            guarded(self._fetch_mpi, r, plain, missing)
         for t in threads:
             t.join()
         if errors:
@@ -222,8 +223,7 @@ class Mover:
             missing.append(f"process {src.holder} has no copy of process {src.owner}'s "
                            "shard")
 
-    def _fetch_mpi(self, r: ReshardRestart, plain: bool, missing: list[str],
-                   error: str | None) -> None:
+    def _fetch_mpi(self, r: ReshardRestart, plain: bool, missing: list[str]) -> None:
         assert self.mpi is not None
         serves: list[tuple[int, Path | np.ndarray, Ranges]] = []
         for reader, asks in enumerate(self.asked):
@@ -232,7 +232,9 @@ class Mover:
                     src: Path | np.ndarray = (self.plain if plain else
                                               self.dir / copy_name(owner, r.it, replica))
                     serves.append((reader, src, [(at, n, 0) for at, n in ranges]))
-        wants = [] if error else [(s.holder, rs) for s, rs in r.remote]
+        # A holder sends what it has whatever happened here: after an `error` too, every
+        # range asked for is received (into memory no one checks), or its send never ends.
+        wants = [(s.holder, rs) for s, rs in r.remote]
         ok = fetch_ranges(self.mpi, serves, wants, r.data)
         missing += [f"process {s.holder} has no copy of process {s.owner}'s shard"
                     for (s, _), fine in zip(r.remote, ok, strict=True) if not fine]

@@ -7,6 +7,7 @@ a byte changed in a peer's copy is found and named."""
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,3 +218,16 @@ def test_ranges_of_a_copy_map_only_their_span_and_land_where_asked(tmp_path: Pat
         assert np.array_equal(out[dest:dest + n], held[at:at + n])
     with pytest.raises(OSError, match=str(path)):
         read_ranges(path, [((7 << 20) - 5, 6, 0)], out)
+
+
+@needs_mpi
+def test_under_mpi_a_missing_copy_and_an_earlier_error_never_leave_a_send_waiting(
+        tmp_path: Path) -> None:
+    from test_mpi import MPIRUN, run
+
+    assert MPIRUN is not None
+    script = Path(__file__).resolve().parent / "mpi_fetch_ranges_run.py"
+    proc, _ = run([MPIRUN, "-np", "2", "--oversubscribe", sys.executable, str(script),
+                   str(tmp_path)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(proc.stdout.split("\n")[:2]) == ["ok 0", "ok 1"]
