@@ -39,7 +39,7 @@ from ckptbench.runner.tier_mpi import MpiPeers, Ranges, fetch_ranges
 from ckptbench.runner.tier_peer import PLAIN_RANGES, RANGES, REPLICA_RANGES
 from ckptbench.runner.tier_peer import fetch_ranges as fetch_ranges_tcp
 from ckptbench.runner.tier_storage import StoragePart
-from ckptbench.runner.tier_store import copy_name, read_ranges
+from ckptbench.runner.tier_store import copy_name, read_ranges, touched
 
 # A chunk's save digest by (file index, offset in the file).
 ChunkDigests = dict[tuple[int, int], int]
@@ -148,11 +148,9 @@ def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
         else:
             r.remote.append((src, rs))
     r.remote.sort(key=lambda x: (x[0].holder, x[0].owner))
-    r.data = np.empty(total, dtype=np.uint8)
-    r.data.fill(1)  # its pages in before the clock, as a framework's model is built
+    r.data = touched(total)  # before the clock, as a framework builds its model first
     if r.local:
-        r.source = np.empty(total, dtype=np.uint8)
-        r.source.fill(1)
+        r.source = touched(total)
     return r
 
 
