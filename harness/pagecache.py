@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from harness.processes import ToolError
+
+T = TypeVar("T")
+TRIES = 20
 
 
 class _CachestatRange(ctypes.Structure):
@@ -46,3 +51,20 @@ def page_cache_drops() -> int:
         if line.startswith("drop_pagecache "):
             return int(line.split()[1])
     return 0
+
+
+def undropped(attempt: Callable[[], T], tries: int = TRIES) -> T:
+    """`attempt()` (which reads, checks what the page cache holds and raises
+    AssertionError when it holds less than it should), tried again when it failed while
+    another process on the host dropped the page cache (another test's restore evicts as
+    root: with two test workers that happens beside any test); its own failure otherwise.
+    RuntimeError when every try was voided so."""
+    for _ in range(tries):
+        drops = page_cache_drops()
+        try:
+            return attempt()
+        except AssertionError:
+            if page_cache_drops() == drops:
+                raise
+    raise RuntimeError(f"{tries} tries, each with the host's page cache dropped by another "
+                       f"process ({page_cache_drops()} drops so far)")
