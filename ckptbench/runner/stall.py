@@ -132,12 +132,17 @@ class StallWatch:
                 idle = time.monotonic() - self._last
                 stalled = what is not None and not self._paused and idle >= self.timeout
             if stalled:
-                self.fired = True
+                # The threads as they stalled, taken before anything can see `fired` and
+                # move on; `fired` once the stall is reported.
                 threads = format_threads()
-                if self.dump is not None:
-                    self.dump(threads)
-                self.on_stall(with_threads(stall_message(self.who, self.timeout, str(what)),
-                                           threads, self._watched))
+                try:
+                    if self.dump is not None:
+                        self.dump(threads)
+                    self.on_stall(with_threads(stall_message(self.who, self.timeout,
+                                                             str(what)),
+                                               threads, self._watched))
+                finally:
+                    self.fired = True
 
 
 class WatchedGroup:

@@ -192,7 +192,7 @@ def test_only_a_process_with_bytes_to_move_can_stall() -> None:
             time.sleep(0.05)
             watch.tick(4096)
 
-    def stalled(watch: StallWatch) -> None:  # no byte moves until the watch fired
+    def stalled(watch: StallWatch) -> None:  # no byte moves until the stall is reported
         deadline = time.monotonic() + 60  # however slowly its thread is scheduled
         while not watch.fired and time.monotonic() < deadline:
             time.sleep(0.05)
