@@ -33,6 +33,7 @@ from ckptbench.errors import RunFailed, SpecError
 from ckptbench.fields import shown
 from ckptbench.records import read_records
 from ckptbench.runner.clean import RUN_ID
+from ckptbench.runner.tier_restart import first_mismatch
 from ckptbench.runner.tier_store import (
     COPY_NAME,
     NODE_DIR,
@@ -43,7 +44,6 @@ from ckptbench.runner.tier_store import (
     remove_run_copies,
     run_dir,
 )
-from ckptbench.runner.tiers import first_mismatch
 
 
 @dataclass(frozen=True)

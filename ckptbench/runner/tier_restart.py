@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptbench.payload import digest
 from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.tier_storage import StoragePart
 
@@ -42,6 +43,18 @@ def restart_rounds(scenario: str) -> list[tuple[str, str]]:
     fetches = FETCH_ORDER if scenario == "node" else RESTART_ORDER
     return list(zip(RESTART_ORDER, fetches, strict=True))
 
+
+
+def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
+                   ) -> str | None:
+    """The first file (name, bytes: the shard's files in order) whose bytes in `data` do not
+    have the save's digest; None when all match."""
+    at = 0
+    for (name, size), d in zip(files, want, strict=True):
+        if digest(data[at:at + size]) != d:
+            return name
+        at += size
+    return None if at == data.nbytes else f"(the shard's {data.nbytes} bytes, {at} expected)"
 
 
 def _no_rounds() -> dict[str, list[tuple[int, int]]]:

@@ -31,16 +31,15 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ckptbench.errors import RunFailed, describe_error
-from ckptbench.formats.base import PlannedRestore, everyone, file_jobs, from_root, now
-from ckptbench.formats.ranged import restore_jobs, restore_positions
+from ckptbench.errors import RunFailed
+from ckptbench.formats.base import everyone, file_jobs, from_root, now
+from ckptbench.formats.ranged import restore_positions
 from ckptbench.payload import PayloadGenerator, digest
 from ckptbench.plan.tier_reads import CopyRead, chunk_reads, copy_offsets, reshards
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
@@ -50,36 +49,23 @@ from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA, MpiPeers
 from ckptbench.runner.tier_peer import (
     PUT,
     SINK,
-    SOURCE,
     PeerServer,
-    fetch,
     open_links,
     send,
     send_all,
 )
-from ckptbench.runner.tier_reshard import (
-    ChunkDigests,
-    Mover,
-    ReshardRestart,
-    first_bad_chunk,
-    plan_restart,
-    reshard_record,
-)
+from ckptbench.runner.tier_reshard import ChunkDigests
+from ckptbench.runner.tier_reshard_run import ReshardRestarts
 from ckptbench.runner.tier_restart import (
-    GROUP_ORDER,
-    RESTART_ORDER,
-    Restart,
     held_record,
-    restart_rounds,
 )
-from ckptbench.runner.tier_storage import StorageJobs, beside_storage
+from ckptbench.runner.tier_restart_run import SavedLayoutRestarts
 from ckptbench.runner.tier_store import (
     PreparedCopy,
     copy_name,
     make_dirs,
     memory_pages,
     node_dir,
-    read_copy,
     remove_dirs,
     remove_names,
     touched,
@@ -87,18 +73,6 @@ from ckptbench.runner.tier_store import (
 
 if TYPE_CHECKING:
     from ckptbench.runner.driver import Iterations
-
-
-def first_mismatch(data: np.ndarray, files: list[tuple[str, int]], want: list[int]
-                   ) -> str | None:
-    """The first file (name, bytes: the shard's files in order) whose bytes in `data` do not
-    have the save's digest; None when all match."""
-    at = 0
-    for (name, size), d in zip(files, want, strict=True):
-        if digest(data[at:at + size]) != d:
-            return name
-        at += size
-    return None if at == data.nbytes else f"(the shard's {data.nbytes} bytes, {at} expected)"
 
 
 class TierRun:
@@ -241,7 +215,7 @@ class TierRun:
         # The copies of the checkpoint before the last two go before this one's are made:
         # a node holds two checkpoints at most (the newest held one and the one in flight),
         # as the memory budget counts (plan.tiers.held_bytes) and async mode does.
-        self._drop(it - HELD_COPIES)
+        self.drop(it - HELD_COPIES)
         digests = self._fill(it)
         assert self.state is not None
         state = self.state
@@ -316,7 +290,7 @@ class TierRun:
             t3 = now()
         return t0, t1, t2, t3
 
-    def _drop(self, it: int) -> None:
+    def drop(self, it: int) -> None:
         if it < 1:
             return
         old = [p for p in self.mine if p.name == copy_name(self.proc, it)]
@@ -329,77 +303,22 @@ class TierRun:
 
     # --- restarts ---
     def _restarts(self, it: int) -> None:
-        if self.reads is not None:  # onto the restore layout
-            chunks = from_root(self.comm, self.expected_chunks.get(it))
-            self._reshard_restart("process", it, set(), chunks)
-            if self.spec.has("peer"):
-                self._reshard_restart("node", it, {self.tp.nodes - 1}, chunks)
-        else:
-            expected = from_root(self.comm, self.expected.get(it))
-            self._restart("process", it, set(), expected)
-            if self.spec.has("peer"):
-                self._restart("node", it, {self.tp.nodes - 1}, expected)
-        if self.kept:
-            lost = set(self.tp.group(self.tp.nodes - 1))
+        """The process and node restarts of checkpoint `it`, then the group's of the kept
+        storage checkpoint: in the save's layout (runner.tier_restart_run), or onto the
+        restore layout (runner.tier_reshard_run), each against the save's digests."""
+        last = self.tp.nodes - 1
+        scenarios = [("process", it, set()), *([("node", it, {last})]
+                                              if self.spec.has("peer") else []),
+                     *([("group", self.kept, set(self.tp.group(last)))] if self.kept else [])]
+        for scenario, ckpt, lost in scenarios:
             if self.reads is not None:
-                self._reshard_restart("group", self.kept, lost, from_root(
-                    self.comm, self.expected_chunks.get(self.kept, {})))
+                chunks = from_root(self.comm, self.expected_chunks.get(ckpt, {}))
+                ReshardRestarts(self).restart(scenario, ckpt, lost, chunks)
             else:
-                self._restart("group", self.kept, lost,
-                              from_root(self.comm, self.expected.get(self.kept)))
+                SavedLayoutRestarts(self).restart(scenario, ckpt, lost,
+                                                  from_root(self.comm, self.expected.get(ckpt)))
 
-    def _restart(self, scenario: str, it: int, lost: set[int],
-                 expected: list[list[int]]) -> None:
-        """One restart scenario, collectively: the state dropped (and a replaced node's
-        copies), then the read back into memory allocated before the clock starts (a
-        framework builds its model before it loads) interleaved with its baseline (a plain
-        copy of the same bytes, or a plain transfer of them from the same holder), every
-        process at once, in the order of restart_rounds; verified once all bytes are in. In
-        the group scenario storage serves what no tier holds, beside the tiers."""
-        held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
-        source = self.tp.serving_tier(self.proc, lost) if held else None
-        if self.plain.nbytes < self.nbytes:  # the last restart took it as the state
-            self.plain = touched(max(self.sizes))
-            if self.server is not None:
-                self.server.lend(self.plain)
-        if self.state is None or self.state.nbytes != self.nbytes:
-            # a restart onto another layout left its state in that layout: the plain
-            # copy's source is one of this shard's size, written before the clock
-            self.state = touched(self.nbytes)
-        r = Restart(scenario, it, lost, source, self.plain[:self.nbytes], self.state)
-        self.state = None  # the process restarts: its state is gone
-        if self.node in lost:  # the node replaced: its copies are gone with it
-            self._drop(it)
-        if scenario == "group":  # storage is read cold, as after its own save
-            self.run.evict(it)
-        error: str | None = None
-        fetching = source is not None and source[0] == "peer"
-        for own, fetch_step in restart_rounds(scenario):
-            self.comm.barrier()
-            try:  # a collective part is entered after an error too: none waits for it
-                self._round(fetch_step if fetching else own, fetch_step, r, error)
-            except BaseException as exc:
-                error = error or (str(exc) if isinstance(exc, RunFailed)
-                                  else describe_error(exc)[1])
-        # Every process's bytes in before any checks them: a digest taken beside another
-        # process's read would take its CPU (2 cores, 8 processes), inside its seconds.
-        self.comm.barrier()
-        try:
-            if error:
-                raise RunFailed(error, "restore")
-            t0 = now()
-            if r.source is not None:
-                self._verify(r.data, expected[self.proc], it, *r.source)
-            rec = r.record(self.tp.node_of, self.offset, (now() - t0) / 1e9, self.o.verify)
-            self.state, self.plain = r.data, np.empty(0, dtype=np.uint8)
-            self.records.append({"type": "tier_restore", "scenario": scenario,
-                                 "iteration": it, "process": self.proc, "node": self.node,
-                                 **rec, "lost_nodes": sorted(lost)})
-        except BaseException as exc:
-            error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
-        self._agree(scenario, error)
-
-    def _agree(self, scenario: str, error: str | None) -> None:
+    def agree(self, scenario: str, error: str | None) -> None:
         """Collective: every process fails the restart when one did, with its error."""
         errors = self.comm.gather(error)
         first = next((e for e in errors if e), None) if errors is not None else None
@@ -408,206 +327,9 @@ class TierRun:
             self.records = [r for r in self.records if r.get("scenario") != scenario]
             raise RunFailed(f"restart ({scenario}): {first}", "restore")
 
-    def _reshard_restart(self, scenario: str, it: int, lost: set[int],
-                         expected: ChunkDigests) -> None:
-        """A restart onto the restore layout (runner.tier_reshard), collectively as
-        :meth:`_restart`: the state dropped (and a replaced node's copies), the memory for
-        the restore ranks' chunks allocated, then the reads and their baselines in the
-        order of RESTART_ORDER (the group's: GROUP_ORDER), every process at once; each
-        chunk checked once all are in."""
-        if self.plain.nbytes < max(self.sizes):  # the baselines' memory, before the clock
-            self.plain = touched(max(self.sizes))
-            if self.server is not None:
-                self.server.lend(self.plain)
-        self.state = None
-        if self.node in lost:
-            self._drop(it)
-        r, given, error = self._reshard_plan(scenario, it, lost)
-        if scenario == "group":  # storage is read cold, as after its own save
-            self.run.evict(it)
-        mover = Mover(self.proc, self.dir, self.plain, self.addresses, self.mpi)
-        if self.mpi is not None:  # what each holder serves, off the clock
-            mover.asked = everyone(self.comm, r.requests())
-        for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
-            self.comm.barrier()
-            t = now()
-            try:
-                if given is not None and step == "read":
-                    self._group_read(mover, r, error, given, t)
-                    continue
-                gone = mover.move(r, step == "baseline", error)
-                r.rounds[step].append((t, now()))
-                if gone and not error:
-                    raise RunFailed(f"checkpoint {it}: {self._shard()}: {gone[0]}", "missing")
-            except BaseException as exc:
-                error = error or (str(exc) if isinstance(exc, RunFailed)
-                                  else describe_error(exc)[1])
-        self.comm.barrier()  # every process's bytes in before any checks them
-        try:
-            if error:
-                raise RunFailed(error, "restore")
-            self._reshard_check(r, expected)
-        except BaseException as exc:
-            error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
-        self._agree(scenario, error)
-
-    def _reshard_plan(self, scenario: str, it: int, lost: set[int]
-                      ) -> tuple[ReshardRestart, StorageJobs | None, str | None]:
-        """This process's sources and ranges (runner.tier_reshard), the group's storage
-        jobs, or the error that stops it (it still serves others and enters every
-        collective, with nothing of its own)."""
-        assert self.reads is not None
-        held = it > self.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
-        try:
-            r = plan_restart(scenario, it, lost, self.reads, self.tp, self.proc, self.dir,
-                             self._missing_chunk(it, lost), held)
-            return r, self._stored_jobs(r.stored, it) if scenario == "group" else None, None
-        except BaseException as exc:
-            error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
-            r = ReshardRestart(scenario, it, lost, [], {}, np.empty(0, dtype=np.uint8))
-            return r, ([], PlannedRestore([]), "") if scenario == "group" else None, error
-
-    def _reshard_check(self, r: ReshardRestart, expected: ChunkDigests) -> None:
-        """Every chunk the tiers served checked against the save's digest, then the
-        record (none for a process the restore layout gives no rank)."""
-        t0 = now()
-        bad = first_bad_chunk(r, expected)
-        if bad is not None:
-            raise RunFailed(
-                f"checkpoint {r.it}: {self._shard()}: file "
-                f"{self.run.plan.file_paths[bad.file]} (the chunk at byte {bad.offset}) "
-                f"from {r.sources[bad.owner].describe(self.tp)} differs from the "
-                "save's digest", "verify")
-        rec = reshard_record(r, self.tp, self.offset, (now() - t0) / 1e9,
-                             self.restore_ranks, self.o.verify)
-        self.state = r.data
-        if r.reads or r.stored:
-            self.records.append({"type": "tier_restore", "scenario": r.scenario,
-                                 "iteration": r.it, "process": self.proc,
-                                 "node": self.node, **rec, "lost_nodes": sorted(r.lost)})
-
-    def _stored_jobs(self, stored: set[int], it: int) -> StorageJobs:
-        """The group restart's storage reads onto the restore layout: the DCP load plan's
-        ranged reads of the files whose owners no tier holds."""
-        assert self.run.rplan is not None
-        jobs = [j for j in restore_jobs(self.run.rplan, self.restore_ranks,
-                                        self.run.checkpoint(it), self.run.saved_as(it),
-                                        self.o.seed)
-                if self.owners[j.index][0] in stored]
-        return jobs, PlannedRestore(sorted({j.reader for j in jobs if j.reader is not None})), \
-            "dcp plan"
-
-    def _group_read(self, mover: Mover, r: ReshardRestart, error: str | None,
-                    given: StorageJobs, t: int) -> None:
-        """The group restart's read: the MPI fetches first (on this thread), then the
-        node's own ranges and the TCP fetches beside the storage read of the chunks no
-        tier holds, every process at once (runner.tier_storage). The read's clock: from
-        `t` to the last of the two."""
-        gone = mover.move(r, False, error, rest=False) if self.mpi is not None else []
-
-        def serve() -> tuple[list[str], int]:
-            if error:
-                raise RunFailed(error, "restore")
-            return mover.move(r, False, None, mpi=False), now()
-
-        tier, r.part = beside_storage(self.run, r.it, serve if r.reads or error else None,
-                                      given)
-        gone += tier[0] if tier else []
-        ends = [tier[1]] if tier else []
-        if r.part.bytes:
-            ends.append(r.part.end_ns)
-        start = t if r.reads or not r.part.bytes else r.part.start_ns
-        r.rounds["read"].append((start, max(ends, default=now())))
-        if gone:
-            raise RunFailed(f"checkpoint {r.it}: {self._shard()}: {gone[0]}", "missing")
-
-    def _missing_chunk(self, it: int, lost: set[int]) -> Callable[[int, int], str]:
-        def line(file: int, owner: int) -> str:
-            return (f"checkpoint {it}: {self._shard()}: file {self.run.plan.file_paths[file]}"
-                    f" (saved by process {owner}): no tier holds it after losing node(s) "
-                    f"{sorted(lost)}")
-        return line
-
-    def _round(self, step: str, fetch_step: str, r: Restart, error: str | None) -> None:
-        """One round of a restart, every process at once: the read into `r.data` or its
-        baseline (`step`; the peer fetches' `fetch_step`), its clock readings kept in `r`.
-        Its collective parts (an MPI exchange, the group's storage read) are entered after
-        an `error` too, nothing else."""
-        mpi = self.mpi is not None and self.spec.has("peer")
-        t = now()
-        got = self._mpi_fetch(r, plain=fetch_step == "baseline") if mpi else True
-        if step == "read" and r.scenario == "group":
-            def serve() -> tuple[int, int]:
-                if error:
-                    raise RunFailed(error, "restore")
-                return self._tier_read(r, got, t)
-
-            span, r.part = beside_storage(self.run, r.it, serve if r.source or error
-                                          else None)
-            r.rounds["read"].append(span or (r.part.start_ns, r.part.end_ns))
-            return
-        if error or (r.source is None and r.scenario == "group"):  # storage serves it
-            return
-        if r.source is None:
-            raise RunFailed(self._missing(r.it, r.lost), "missing")
-        if step == "read":
-            r.rounds["read"].append(self._tier_read(r, got, t))
-            return
-        tier, holder = r.source
-        if tier == "peer" and not mpi:
-            fetch(self.addresses[holder], self.proc, r.it, r.data, SOURCE)
-        elif tier == "memory":
-            t = now()  # after the MPI exchange, which it took no part in
-            if r.state is not None:
-                np.copyto(r.data, r.state)
-        r.rounds["baseline"].append((t, now()))
-
-    def _tier_read(self, r: Restart, got: bool, t: int) -> tuple[int, int]:
-        """`r.data` read from its tier's copy (peer under MPI: already fetched, since `t`,
-        `got` whether it came); the clock readings around it."""
-        assert r.source is not None
-        tier, holder = r.source
-        if tier == "memory":
-            t = now()
-            read_copy(self.dir / copy_name(self.proc, r.it), r.data)
-        elif self.mpi is not None:
-            if not got:
-                raise RunFailed(self._missing(r.it, set(), holder), "missing")
-        elif not fetch(self.addresses[holder], self.proc, r.it, r.data):
-            raise RunFailed(self._missing(r.it, set(), holder), "missing")
-        return t, now()
-
-    def _mpi_fetch(self, r: Restart, plain: bool) -> bool:
-        """Collective (MPI): every holder sends the replicas a restart fetches from it
-        (`plain`: as many bytes of its plain-transfer memory, the baseline) into the
-        fetching process's `r.data`; whether this process got its replica."""
-        assert self.mpi is not None and self.server is not None
-        held = r.it > self.o.iterations - HELD_COPIES
-        sources = [self.tp.serving_tier(q, r.lost) if held else None
-                   for q in range(len(self.sizes))]
-        serves = [(q, self.plain if plain else self.server.path(q, r.it), self.sizes[q])
-                  for q, src in enumerate(sources) if src == ("peer", self.proc)]
-        mine = sources[self.proc]
-        return self.mpi.fetch(serves, mine[1] if mine and mine[0] == "peer" else None,
-                              r.data)
-
-    def _shard(self) -> str:
+    def shard(self) -> str:
         ranks = ",".join(str(r) for r in self.run.my_ranks)
         return f"the shard of process {self.proc} (plan ranks {ranks})"
-
-    def _missing(self, it: int, lost: set[int], holder: int | None = None) -> str:
-        where = (f"its holder process {holder} has no replica" if holder is not None else
-                 f"no tier holds it after losing node(s) {sorted(lost)}")
-        return f"checkpoint {it}: {self._shard()}: {where}"
-
-    def _verify(self, data: np.ndarray, want: list[int], it: int, tier: str,
-                holder: int) -> None:
-        bad = first_mismatch(data, [(j.key.split("/", 1)[-1], j.size) for j in self.jobs], want)
-        if bad is not None:
-            where = ("its node's memory copy" if tier == "memory" else
-                     f"the replica on node {self.tp.node_of[holder]} (process {holder})")
-            raise RunFailed(f"checkpoint {it}: {self._shard()}: file {bad} from {where} "
-                            "differs from the save's digest", "verify")
 
     def _write_records(self, error: ErrorRecord | None = None) -> None:
         gathered = self.comm.gather(self.records)

@@ -24,9 +24,8 @@ from test_mpi import TINY, local, mpirun, needs_mpi, records
 
 from ckptbench.payload import digest
 from ckptbench.runner.tier_peer import HEADER, PUT, PeerServer, fetch, send
-from ckptbench.runner.tier_restart import restart_rounds
+from ckptbench.runner.tier_restart import first_mismatch, restart_rounds
 from ckptbench.runner.tier_store import copy_name, memory_pages, read_copy
-from ckptbench.runner.tiers import first_mismatch
 
 SHM = Path("/dev/shm")
 
