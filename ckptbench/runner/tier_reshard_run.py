@@ -40,59 +40,60 @@ class ReshardRestarts:
     def __init__(self, t: TierRun) -> None:
         self.t = t
 
-    def restart(self, scenario: str, it: int, lost: set[int],
-                         expected: ChunkDigests) -> None:
-        """A restart onto the restore layout (runner.tier_reshard), collectively as
-        :meth:`_restart`: the state dropped (and a replaced node's copies), the memory for
-        the restore ranks' chunks allocated, then the reads and their baselines in the
-        order of RESTART_ORDER (the group's: GROUP_ORDER), every process at once; each
-        chunk checked once all are in."""
-        if self.t.plain.nbytes < max(self.t.sizes):  # the baselines' memory, before the clock
-            self.t.plain = touched(max(self.t.sizes))
-            if self.t.server is not None:
-                self.t.server.lend(self.t.plain)
-        self.t.state = None
-        if self.t.node in lost:
-            self.t.drop(it)
+    def restart(self, scenario: str, it: int, lost: set[int], expected: ChunkDigests
+                ) -> None:
+        """A restart onto the restore layout (runner.tier_reshard), collectively as one
+        in the save's layout (runner.tier_restart_run): the state dropped (and a replaced
+        node's copies), the memory for the restore ranks' chunks allocated, then the reads
+        and their baselines in the order of RESTART_ORDER (the group's: GROUP_ORDER),
+        every process at once; each chunk checked once all are in."""
+        t = self.t
+        if t.plain.nbytes < max(t.sizes):  # the baselines' memory, before the clock
+            t.plain = touched(max(t.sizes))
+            if t.server is not None:
+                t.server.lend(t.plain)
+        t.state = None
+        if t.node in lost:
+            t.drop(it)
         r, given, error = self._plan(scenario, it, lost)
         if scenario == "group":  # storage is read cold, as after its own save
-            self.t.run.evict(it)
-        mover = Mover(self.t.proc, self.t.dir, self.t.plain, self.t.addresses, self.t.mpi)
-        if self.t.mpi is not None:  # what each holder serves, off the clock
-            mover.asked = everyone(self.t.comm, r.requests())
+            t.run.evict(it)
+        mover = Mover(t.proc, t.dir, t.plain, t.addresses, t.mpi)
+        if t.mpi is not None:  # what each holder serves, off the clock
+            mover.asked = everyone(t.comm, r.requests())
         for step in GROUP_ORDER if scenario == "group" else RESTART_ORDER:
-            self.t.comm.barrier()
-            t = now()
+            t.comm.barrier()
+            start = now()
             try:
                 if given is not None and step == "read":
-                    self._group_read(mover, r, error, given, t)
+                    self._group_read(mover, r, error, given, start)
                     continue
                 gone = mover.move(r, step == "baseline", error)
-                r.rounds[step].append((t, now()))
+                r.rounds[step].append((start, now()))
                 if gone and not error:
-                    raise RunFailed(f"checkpoint {it}: {self.t.shard()}: {gone[0]}", "missing")
+                    raise RunFailed(f"checkpoint {it}: {t.shard()}: {gone[0]}", "missing")
             except BaseException as exc:
                 error = error or (str(exc) if isinstance(exc, RunFailed)
                                   else describe_error(exc)[1])
-        self.t.comm.barrier()  # every process's bytes in before any checks them
+        t.comm.barrier()  # every process's bytes in before any checks them
         try:
             if error:
                 raise RunFailed(error, "restore")
             self._check(r, expected)
         except BaseException as exc:
             error = describe_error(exc)[1] if not isinstance(exc, RunFailed) else str(exc)
-        self.t.agree(scenario, error)
+        t.agree(scenario, error)
 
     def _plan(self, scenario: str, it: int, lost: set[int]
-                      ) -> tuple[ReshardRestart, StorageJobs | None, str | None]:
+              ) -> tuple[ReshardRestart, StorageJobs | None, str | None]:
         """This process's sources and ranges (runner.tier_reshard), the group's storage
         jobs, or the error that stops it (it still serves others and enters every
         collective, with nothing of its own)."""
         assert self.t.reads is not None
         held = it > self.t.o.iterations - HELD_COPIES  # the tiers still hold checkpoint `it`
         try:
-            r = plan_restart(scenario, it, lost, self.t.reads, self.t.tp, self.t.proc, self.t.dir,
-                             self._missing_chunk(it, lost), held)
+            r = plan_restart(scenario, it, lost, self.t.reads, self.t.tp, self.t.proc,
+                             self.t.dir, self._missing_chunk(it, lost), held)
             return r, self._stored_jobs(r.stored, it) if scenario == "group" else None, None
         except BaseException as exc:
             error = str(exc) if isinstance(exc, RunFailed) else describe_error(exc)[1]
@@ -115,8 +116,8 @@ class ReshardRestarts:
         self.t.state = r.data
         if r.reads or r.stored:
             self.t.records.append({"type": "tier_restore", "scenario": r.scenario,
-                                 "iteration": r.it, "process": self.t.proc,
-                                 "node": self.t.node, **rec, "lost_nodes": sorted(r.lost)})
+                                   "iteration": r.it, "process": self.t.proc,
+                                   "node": self.t.node, **rec, "lost_nodes": sorted(r.lost)})
 
     def _stored_jobs(self, stored: set[int], it: int) -> StorageJobs:
         """The group restart's storage reads onto the restore layout: the DCP load plan's
@@ -155,7 +156,7 @@ class ReshardRestarts:
 
     def _missing_chunk(self, it: int, lost: set[int]) -> Callable[[int, int], str]:
         def line(file: int, owner: int) -> str:
-            return (f"checkpoint {it}: {self.t.shard()}: file {self.t.run.plan.file_paths[file]}"
-                    f" (saved by process {owner}): no tier holds it after losing node(s) "
-                    f"{sorted(lost)}")
+            path = self.t.run.plan.file_paths[file]
+            return (f"checkpoint {it}: {self.t.shard()}: file {path} (saved by process "
+                    f"{owner}): no tier holds it after losing node(s) {sorted(lost)}")
         return line

@@ -31,7 +31,7 @@ class SavedLayoutRestarts:
         self.t = t
 
     def restart(self, scenario: str, it: int, lost: set[int],
-                 expected: list[list[int]]) -> None:
+                expected: list[list[int]]) -> None:
         """One restart scenario, collectively: the state dropped (and a replaced node's
         copies), then the read back into memory allocated before the clock starts (a
         framework builds its model before it loads) interleaved with its baseline (a plain
