@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ckptbench.plan.core import Plan
 from ckptbench.plan.restore import RestorePlan
 
@@ -98,7 +96,3 @@ def reshards(rplan: RestorePlan | None, plan: Plan) -> bool:
     """Whether a restart reads onto another layout than the save's (a restore plan onto a
     differing ``[restore]``)."""
     return rplan is not None and rplan.layout != plan.workload.parallel
-
-
-def read_bytes(reads: list[CopyRead]) -> int:
-    return int(np.sum([r.nbytes for r in reads], dtype=np.int64)) if reads else 0
