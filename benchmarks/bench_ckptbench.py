@@ -1,6 +1,6 @@
 """asv benchmarks: save/restore throughput (GB/s) through the same runner as the CLI,
 plan and restore-plan building at the Llama 3 cluster's scale and 8x it (131,072 ranks),
-and payload generation speed.
+payload generation speed, and the simulation of a 54-day run at both scales.
 
     asv run --python=same --quick
 """
@@ -156,6 +156,29 @@ class Payload:
         return 8 * len(self.buf) / (time.perf_counter() - start) / 1e9
 
     track_generate_gbps.unit = "GB/s"  # type: ignore[attr-defined]
+
+
+class Simulate:
+    """`ckptbench simulate` of the Llama 3 job (docs/cadence.md's worked example: memory,
+    peer and storage levels, the llama3 failure classes, restarts by scope): 1,000 runs of
+    54 days at 16,384 and at 131,072 GPUs. Budget: 5 s and 10 s
+    (benchmarks/simulate_speed.py prints the same, with the goodput)."""
+
+    timeout = 120
+    number = 1
+    repeat = (1, 3, 60.0)
+    warmup_time = 0
+
+    def setup(self):
+        from benchmarks.simulate_speed import run  # asv imports this file as benchmarks.*
+
+        self.run = run
+
+    def time_simulate_131072_gpus_54_days(self):
+        self.run(131_072)
+
+    def time_simulate_16384_gpus_54_days(self):
+        self.run(16_384)
 
 
 if __name__ == "__main__":  # a quick look without asv

@@ -1,19 +1,22 @@
 """A multi-level job as `ckptbench levels`, `simulate` and `report` describe it.
 
 Levels (``NAME:SAVE:RESTORE:SCOPE[:PERSIST[:INTERFERENCE]]``, given or measured by a
-tiered run), failure classes, the restart mechanism that follows each scope: the levels'
-restore times then include their restarts (the rate-weighted mean of the failures that
-need each level), and the model (``cadence.multilevel``) answers with the optimum.
+tiered run), failure classes, the restart mechanism that follows each scope, bounded
+before any work; the answer under the stated rules (``cadence.scoped``: each failure
+pays its own scope's restart) or SCR's (``cadence.multilevel``: each level's restore
+carries the rate-weighted mean restart of the failures that need it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence import restart as rs
+from ckptbench.cadence import scoped
 from ckptbench.errors import SpecError
 from ckptbench.units import format_duration, parse_duration, parse_fraction
 
@@ -50,21 +53,42 @@ def parse_schedule(text: str, levels: int) -> ml.Schedule:
     return ml.Schedule(compute, counts)
 
 
+RULES = ("stated", "scr")
+MAX_GPUS = 1 << 24  # 16,777,216
+MAX_GPUS_PER_NODE = 1024
+MAX_SECONDS = 30 * 86400.0  # a save, restore or restart part longer than 30 days is a typo
+MIN_JOB_MTBF_S = 60.0  # failures every minute or more often: no schedule can help
+
+
 @dataclass(frozen=True)
 class LevelsJob:
-    """Levels, classes, restarts and the schedule asked about, for one job size."""
+    """Levels, classes, restarts and the schedule asked about, for one job size.
 
-    levels: tuple[ml.Level, ...]  # restore_s: the copy's restore plus the restart
+    ``levels`` restore their copy only: the stated rules add each failure's own restart
+    (``kinds``). SCR's rules charge each level the rate-weighted mean restart of the
+    failures that need it (``restart_s``, added in ``scr_levels``)."""
+
+    levels: tuple[ml.Level, ...]  # restore_s: the copy's restore, no restart
     scopes: tuple[str, ...]
-    restart_s: tuple[float, ...]
-    alone: ml.Level  # the last level when it is the only one (every failure restarts to it)
+    restart_s: tuple[float, ...]  # SCR: per level, the mean restart of the failures needing it
+    alone: ml.Level  # SCR: the last level alone, its restore with the mean restart of all
     mechanisms: Mapping[str, rs.Mechanism]
     chosen: Mapping[str, str]  # scope -> mechanism
     classes: tuple[fc.FailureClass, ...]
-    rates: list[float]
+    rates: list[float]  # per level: the failures it is the cheapest to survive (1/s)
+    kinds: tuple[scoped.Kind, ...]  # per class, as the stated rules see it
+    needs: tuple[int, ...]  # per class: the level it needs (0-based)
     schedule: ml.Schedule | None
     gpus: int
     gpus_per_node: int
+
+    @property
+    def scr_levels(self) -> tuple[ml.Level, ...]:
+        return tuple(replace(lv, restore_s=lv.restore_s + r)
+                     for lv, r in zip(self.levels, self.restart_s, strict=True))
+
+    def restart_of(self, c: fc.FailureClass) -> rs.Mechanism:
+        return self.mechanisms[self.chosen[c.scope]]
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,34 @@ class Restarts:
     chosen: Mapping[str, str]
 
 
+def _bounded(levels: Sequence[ml.Level], classes: Sequence[fc.FailureClass], gpus: int,
+             gpus_per_node: int, mechanisms: Mapping[str, rs.Mechanism]) -> None:
+    """Refuse, before any work, inputs no schedule can answer sensibly (one line each)."""
+    if isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS:
+        raise SpecError(f"--gpus {gpus}: allowed: 1 to {MAX_GPUS:,}")
+    if isinstance(gpus_per_node, bool) or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise SpecError(f"--gpus-per-node {gpus_per_node}: allowed: 1 to {MAX_GPUS_PER_NODE}")
+    for lv in levels:
+        for what, value in (("SAVE", lv.save_s), ("RESTORE", lv.restore_s),
+                            ("PERSIST", lv.persist_s)):
+            if not value <= MAX_SECONDS:
+                raise SpecError(f"--level {lv.name} {what} {format_duration(value)}: allowed: "
+                                f"at most {format_duration(MAX_SECONDS)}")
+        if not lv.interference <= 100.0:
+            raise SpecError(f"--level {lv.name} INTERFERENCE {lv.interference:g}: allowed: at "
+                            "most 100 (steps 101 times slower)")
+    for m in mechanisms.values():
+        if not m.seconds <= MAX_SECONDS:
+            raise SpecError(f"restart {m.name}: {format_duration(m.seconds)}; allowed: at most "
+                            f"{format_duration(MAX_SECONDS)} (--restart-part)")
+    total = math.fsum(c.per_second(gpus, gpus_per_node) for c in classes)
+    if not total <= 1.0 / MIN_JOB_MTBF_S:
+        raise SpecError(f"failure classes: the job would fail every {format_duration(1 / total)}"
+                        f" at {gpus:,} GPUs; allowed: a job MTBF of at least "
+                        f"{format_duration(MIN_JOB_MTBF_S)} (check each rate's unit: per "
+                        "GPU-, host- or job-hour)")
+
+
 def levels_job(level_texts: Sequence[str], classes: Sequence[fc.FailureClass], gpus: int,
                gpus_per_node: int, restarts: Restarts | None = None,
                schedule_text: str | None = None) -> LevelsJob:
@@ -82,17 +134,49 @@ def levels_job(level_texts: Sequence[str], classes: Sequence[fc.FailureClass], g
     levels = tuple(lv for lv, _ in parsed)
     scopes = tuple(s for _, s in parsed)
     how = restarts or Restarts(rs.MECHANISMS, rs.by_scope(()))
+    _bounded(levels, classes, gpus, gpus_per_node, how.mechanisms)
     rates = fc.severity_rates(scopes, classes, gpus, gpus_per_node)
+    needs = tuple(fc.assign(scopes, classes))
     restart = rs.per_level(scopes, classes, gpus, gpus_per_node, how.mechanisms, how.chosen)
     last = levels[-1]
     alone = replace(last, restore_s=last.restore_s + rs.per_level(
         scopes[-1:], classes, gpus, gpus_per_node, how.mechanisms, how.chosen)[0])
-    levels = tuple(replace(lv, restore_s=lv.restore_s + r)
-                   for lv, r in zip(levels, restart, strict=True))
+    kinds = tuple(scoped.Kind(c.per_second(gpus, gpus_per_node), n,
+                              how.mechanisms[how.chosen[c.scope]].seconds)
+                  for c, n in zip(classes, needs, strict=True))
+    schedule = parse_schedule(schedule_text, len(levels)) if schedule_text else None
+    if schedule is not None:
+        ml.check_runnable(levels, schedule)
     return LevelsJob(levels, scopes, tuple(restart), alone, how.mechanisms, how.chosen,
-                     tuple(classes), rates,
-                     parse_schedule(schedule_text, len(levels)) if schedule_text else None,
-                     gpus, gpus_per_node)
+                     tuple(classes), rates, kinds, needs, schedule, gpus, gpus_per_node)
+
+
+@dataclass(frozen=True)
+class RulesAnswer:
+    """The answer under one set of rules: the optimum, the last level alone and the
+    schedule asked about, and how each is scored (for curves)."""
+
+    rules: str
+    answer: ml.LevelsAnswer
+    score: Callable[[ml.Schedule], float]
+
+
+def answer(job: LevelsJob, rules: str = "stated") -> RulesAnswer:
+    """The optimum under `rules` (stated: ``scoped``; scr: ``multilevel``), the last level
+    alone, and the efficiency of the schedule asked about."""
+    if rules not in RULES:
+        raise SpecError(f"--rules {rules!r}: allowed: {', '.join(RULES)}")
+    if rules == "scr":
+        levels = job.scr_levels
+        result = ml.answer(levels, job.rates, job.schedule, job.alone)
+        return RulesAnswer(rules, result, lambda s: ml.efficiency(levels, job.rates, s))
+    best = scoped.optimum(job.levels, job.kinds)
+    alone_kinds = [replace(k, need=0) for k in job.kinds]
+    alone = scoped.optimum(job.levels[-1:], alone_kinds)
+    named = None if job.schedule is None else ml.Optimum(
+        job.schedule, scoped.efficiency(job.levels, job.kinds, job.schedule))
+    result = ml.LevelsAnswer(job.levels, tuple(job.rates), best, alone, named)
+    return RulesAnswer(rules, result, lambda s: scoped.efficiency(job.levels, job.kinds, s))
 
 
 def describe(o: ml.Optimum | ml.Schedule, levels: Sequence[ml.Level]) -> str:

@@ -3,7 +3,7 @@ with the optimum schedule, and the figure of efficiency against each level's int
 
 A tiered run (``run --tiers``) measures each level's blocking save and restart
 (``report.tiers``' ``tier_levels``); with failure classes and the job's GPUs (``report
---failure-preset CLASSES --gpus N``) the model (``cadence.multilevel``) gives the schedule
+--failure-preset CLASSES --gpus N``) the stated rules (``cadence.scoped``) give the schedule
 that maximizes efficiency, as ``ckptbench levels --tiers-results`` does: the levels scaled
 from the run's size to the job's (``levels_scale``), the measured ones beside them.
 """
@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 from ckptbench.cadence import classes as fc
 from ckptbench.cadence import multilevel as ml
 from ckptbench.cadence.job import DEFAULT_GPUS_PER_NODE
-from ckptbench.cadence.levels_job import LevelsJob, describe, levels_job, optimum_marks
-from ckptbench.cadence.levels_scale import (
-    NODE_NETWORK_BPS,
-    NODE_NETWORK_SOURCE,
-    TierScaling,
-    tier_scaling,
+from ckptbench.cadence.levels_job import (
+    LevelsJob,
+    RulesAnswer,
+    answer,
+    describe,
+    levels_job,
+    optimum_marks,
 )
+from ckptbench.cadence.levels_scale import STATED_FOOTING, Footing, TierScaling, tier_scaling
 from ckptbench.errors import CkptbenchError
 from ckptbench.report import levels_figures
 from ckptbench.report.table import Column, Grid
@@ -34,13 +36,13 @@ if TYPE_CHECKING:  # matplotlib only when a page is drawn: every command imports
     from ckptbench.report.figures import Picture
 
 
-def levels_figure(job: LevelsJob, result: ml.LevelsAnswer) -> Any:
+def levels_figure(job: LevelsJob, found: RulesAnswer) -> Any:
     """Efficiency against each level's interval, the optimum starred (a matplotlib figure)."""
-    best, alone = result.best, result.last_level_only
+    best, alone = found.answer.best, found.answer.last_level_only
     title = (f"{job.gpus} GPUs: {describe(best, job.levels)}\n"
-             f"efficiency {100 * best.efficiency:.2f} % (stars: optimum)")
+             f"efficiency {100 * best.efficiency:.2f} % ({found.rules} rules; stars: optimum)")
     return levels_figures.interval_curves(
-        ml.level_curves(job.levels, job.rates, best), optimum_marks(job, best),
+        ml.level_curves(job.levels, found.score, best), optimum_marks(job, best),
         (job.levels[-1].name, alone.schedule.compute_s, alone.efficiency)
         if len(job.levels) > 1 else None, title)
 
@@ -52,13 +54,13 @@ def run_levels(view: dict[str, Any]) -> list[str] | None:
 
 
 def levels_answer(texts: Sequence[str], preset: str, gpus: int
-                  ) -> tuple[LevelsJob, ml.LevelsAnswer] | None:
-    """The job and the model's answer for a run's levels (None: `preset` has no failure
-    classes with scopes)."""
+                  ) -> tuple[LevelsJob, RulesAnswer] | None:
+    """The job and the answer under the stated rules for a run's levels (None: `preset`
+    has no failure classes with scopes)."""
     if preset not in fc.CLASS_PRESETS:
         return None
     job = levels_job(texts, fc.CLASS_PRESETS[preset][1], gpus, DEFAULT_GPUS_PER_NODE)
-    return job, ml.answer(job.levels, job.rates, None, job.alone)
+    return job, answer(job)
 
 
 @dataclass(frozen=True)
@@ -69,24 +71,33 @@ class Scaled:
     why_not: str = ""
 
 
-def levels_grid(label: str, preset: str, job: LevelsJob, result: ml.LevelsAnswer,
+def _restarts_needing(job: LevelsJob, level: int) -> str:
+    """The restarts of the failures that need `level` (each pays its own)."""
+    found = sorted({job.restart_of(c).seconds for c, n in zip(job.classes, job.needs,
+                                                              strict=True) if n == level})
+    return "-".join(format_duration(s) for s in (found[:1] + found[-1:] if len(found) > 1
+                                                  else found)) or "-"
+
+
+def levels_grid(label: str, preset: str, job: LevelsJob, found: RulesAnswer,
                 scaled: Scaled | None = None) -> Grid:
     """One row per level: what it costs (at the run and scaled to the job), what it
     survives, how often it is needed, and its interval at the optimum."""
+    result = found.answer
     marks = optimum_marks(job, result.best)
     scaling = scaled.scaling if scaled else None
     at_run = {lv.name: lv for lv in scaling.levels} if scaling else {}
     rows = []
-    for lv, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
-                                        strict=True):
+    for k, (lv, scope, rate) in enumerate(zip(job.levels, job.scopes, job.rates, strict=True)):
         run = at_run.get(lv.name)
         measured = (format_duration(run.measured_save_s), format_duration(run.measured_restore_s)
                     ) if run else ("-", "-")
         rows.append((lv.name, measured[0], format_duration(lv.save_s), measured[1],
-                     format_duration(lv.restore_s), format_duration(restart), scope,
+                     format_duration(lv.restore_s), _restarts_needing(job, k), scope,
                      f"{rate * 86400:.3g}", format_duration(marks[lv.name][0])))
     best, alone = result.best, result.last_level_only
-    notes = [f"optimum: {describe(best, job.levels)}: efficiency {100 * best.efficiency:.2f} %"]
+    notes = [f"optimum ({found.rules} rules, docs/cadence.md): {describe(best, job.levels)}: "
+             f"efficiency {100 * best.efficiency:.2f} %"]
     if len(job.levels) > 1:
         notes.append(f"{job.levels[-1].name} alone: every "
                      f"{format_duration(alone.schedule.compute_s)}: efficiency "
@@ -98,8 +109,8 @@ def levels_grid(label: str, preset: str, job: LevelsJob, result: ml.LevelsAnswer
                  "mechanisms (`ckptbench levels --tiers-results` to change them).")
     return Grid(f"{label}: multi-level cadence", (
         Column("level", key=True, numeric=False), Column("save", "at run"), Column("save", "job"),
-        Column("restore", "at run"), Column("restart + restore", "job"),
-        Column("of it restart"), Column("survives", numeric=False), Column("needed per day"),
+        Column("restore", "at run"), Column("restore", "job"),
+        Column("restart", "of the failures needing it"), Column("survives", numeric=False), Column("needed per day"),
         Column("interval at optimum")), tuple(rows), tuple(notes))
 
 
@@ -109,7 +120,7 @@ class TierCadence:
 
     grid: Grid
     job: LevelsJob
-    result: ml.LevelsAnswer
+    result: RulesAnswer
 
     def picture(self, name: str) -> Picture:
         from ckptbench.report.figures import Picture, png
@@ -120,12 +131,15 @@ class TierCadence:
                        "schedule, the hollow circle: the last level alone.", png(fig))
 
 
+REPORT_FORCED = ("report shows them and refuses nothing; `ckptbench levels --tiers-results` "
+                 "refuses them without --force")
+
+
 def tier_cadences(views: Sequence[dict[str, Any]], preset: str, gpus: int | None,
-                  network_Bps: float | None = NODE_NETWORK_BPS,
-                  network_source: str = NODE_NETWORK_SOURCE) -> list[TierCadence]:
+                  footing: Footing = STATED_FOOTING) -> list[TierCadence]:
     """The cadence of every tiered run among `views` (none when `preset` has no classes),
-    its levels scaled to the job (`network_Bps` None: the run's own transport); `gpus`:
-    the job's, or (None) each run's plan's world size."""
+    its levels scaled to the job on `footing`, forced (what `levels` refuses is shown as a
+    caution: REPORT_FORCED); `gpus`: the job's, or (None) each run's plan's world size."""
     out = []
     for view in views:
         texts = run_levels(view)
@@ -134,7 +148,7 @@ def tier_cadences(views: Sequence[dict[str, Any]], preset: str, gpus: int | None
             continue
         try:
             scaling = tier_scaling(str(view.get("path")), size, DEFAULT_GPUS_PER_NODE,
-                                   network_Bps, network_source, "results")
+                                   footing, "results", force=True, forced=REPORT_FORCED)
             scaled = Scaled(scaling)
             texts = scaling.texts()
         except CkptbenchError as exc:

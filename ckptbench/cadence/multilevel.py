@@ -25,11 +25,15 @@ and retrying. Pure floats; a schedule costs microseconds, so the optimum is a se
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 from ckptbench.cadence.formulas import non_negative, positive
+from ckptbench.cadence.phases import Phase
+from ckptbench.cadence.phases import exposed as _exposed
+from ckptbench.cadence.phases import repeat as _repeat
+from ckptbench.cadence.phases import then as _then
 from ckptbench.errors import SpecError
 
 MAX_LEVELS = 6
@@ -79,59 +83,6 @@ class Schedule:
     def segments(self) -> int:
         """Compute segments in one period between two top-level checkpoints."""
         return math.prod(v + 1 for v in self.counts)
-
-
-@dataclass(frozen=True)
-class Phase:
-    """How a stretch of work ends: success (``p_ok``, mean seconds ``t_ok``) or a failure
-    of severity i (``p_fail[i]``, mean seconds until it ``t_fail[i]``); index 0 unused."""
-
-    p_ok: float
-    t_ok: float
-    p_fail: tuple[float, ...]
-    t_fail: tuple[float, ...]
-
-
-def _exposed(duration: float, rates: tuple[float, ...]) -> Phase:
-    """A stretch of ``duration`` seconds exposed to every failure severity."""
-    total = sum(rates)
-    if total == 0.0:
-        zeros = (0.0,) * len(rates)
-        return Phase(1.0, duration, zeros, zeros)
-    a = total * duration
-    hit = -math.expm1(-a)  # 1 - e^-a, exact for small a
-    # mean time to a failure, given one strikes within the stretch
-    until = duration / 2.0 if a < 1e-6 else (hit - a * math.exp(-a)) / (total * hit)
-    p_fail = tuple(r / total * hit for r in rates)
-    return Phase(math.exp(-a), duration, p_fail, tuple(until for _ in rates))
-
-
-def _then(a: Phase, b: Phase) -> Phase:
-    """``a`` and, if it succeeds, ``b``."""
-    p_fail, t_fail = [], []
-    for pa, ta, pb, tb in zip(a.p_fail, a.t_fail, b.p_fail, b.t_fail, strict=True):
-        p = pa + a.p_ok * pb
-        p_fail.append(p)
-        t_fail.append((pa * ta + a.p_ok * pb * (a.t_ok + tb)) / p if p > 0 else 0.0)
-    return Phase(a.p_ok * b.p_ok, a.t_ok + b.t_ok, tuple(p_fail), tuple(t_fail))
-
-
-def _repeat(a: Phase, n: int) -> Phase:
-    """``a`` n times in a row, closed form (geometric sums over the attempt that fails)."""
-    if n == 0:
-        zeros = (0.0,) * len(a.p_fail)
-        return Phase(1.0, 0.0, zeros, zeros)
-    q = a.p_ok
-    reach = n if q == 1.0 else (1.0 - q**n) / (1.0 - q)  # sum_{j<n} q^j
-    # sum_{j<n} j q^j: how many whole copies precede the one that fails, weighted
-    before = n * (n - 1) / 2.0 if q == 1.0 else (
-        (q - n * q**n + (n - 1) * q ** (n + 1)) / (1.0 - q) ** 2)
-    p_fail, t_fail = [], []
-    for p, t in zip(a.p_fail, a.t_fail, strict=True):
-        total = reach * p
-        p_fail.append(total)
-        t_fail.append((total * t + before * p * a.t_ok) / total if total > 0 else 0.0)
-    return Phase(q**n, n * a.t_ok, tuple(p_fail), tuple(t_fail))
 
 
 def _weighted(p: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
@@ -200,6 +151,22 @@ def _check(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) 
             raise SpecError(f"count of level {k} = {v!r}; allowed: an integer 0 to {MAX_COUNT}")
 
 
+def check_runnable(levels: Sequence[Level], schedule: Schedule) -> None:
+    """Refuse a schedule that cannot run: one persist of a level in flight at a time, so a
+    level's interval (compute between its checkpoints) must be at least its persist."""
+    segments = 1
+    for k, level in enumerate(levels):
+        interval = schedule.compute_s * segments
+        if interval < level.persist_s:
+            raise SpecError(
+                f"schedule: level {level.name} is saved every {interval:.4g} s of compute, "
+                f"shorter than its persist of {level.persist_s:.4g} s; allowed: an interval "
+                "of at least the persist (one persist in flight at a time): a longer time "
+                "between checkpoints or more checkpoints below that level")
+        if k < len(schedule.counts):
+            segments *= schedule.counts[k] + 1
+
+
 def period_seconds(levels: Sequence[Level], rates: Sequence[float],
                    schedule: Schedule) -> float:
     """Expected wall seconds of one period between top-level checkpoints."""
@@ -224,7 +191,8 @@ def period_seconds(levels: Sequence[Level], rates: Sequence[float],
     def protected(k: int, c: int) -> Phase:
         return _protect(unprotected(k, c), k, restores[k - 1], top)
 
-    return protected(top, top).t_ok
+    period: float = protected(top, top).t_ok
+    return period
 
 
 def efficiency(levels: Sequence[Level], rates: Sequence[float], schedule: Schedule) -> float:
@@ -250,8 +218,11 @@ class Optimum:
     efficiency: float
 
 
-def _best_compute(levels: Sequence[Level], rates: Sequence[float],
-                  counts: tuple[int, ...], lo: float, hi: float) -> Optimum:
+Score = Callable[[Schedule], float]
+
+
+def _best_compute(levels: Sequence[Level], score_of: Score, counts: tuple[int, ...],
+                  lo: float, hi: float) -> Optimum:
     """Golden-section search of log(t) for one set of counts (efficiency is unimodal in t
     above the floor the persists set: level k's interval, t times its segments, >= L_k)."""
     segments = [math.prod(v + 1 for v in counts[:k]) for k in range(len(levels))]
@@ -261,7 +232,7 @@ def _best_compute(levels: Sequence[Level], rates: Sequence[float],
 
     def score(log_t: float) -> float:
         try:
-            return efficiency(levels, rates, Schedule(math.exp(log_t), counts))
+            return score_of(Schedule(math.exp(log_t), counts))
         except (Hopeless, OverflowError, ZeroDivisionError):
             return 0.0
 
@@ -284,21 +255,20 @@ def _best_compute(levels: Sequence[Level], rates: Sequence[float],
     return Optimum(Schedule(math.exp(log_t), counts), score(log_t))
 
 
-def optimum(levels: Sequence[Level], rates: Sequence[float],
-            max_count: int = 200) -> Optimum:
-    """The schedule of highest efficiency: t by golden section for each set of counts,
-    counts by a coarse grid and then integer steps of one from the best of it."""
-    _check(levels, rates, Schedule(1.0, (0,) * (len(levels) - 1)))
-    total = sum(rates)
-    if total == 0:
+def search(levels: Sequence[Level], score_of: Score, total_rate: float,
+           max_count: int = 200) -> Optimum:
+    """The schedule of highest ``score_of`` (an efficiency): t by golden section for each
+    set of counts, counts by a coarse grid and then integer steps of one from the best of
+    it. Both models (SCR's rules here, the stated rules in ``scoped``) search this way."""
+    if total_rate == 0:
         raise SpecError("failure rates are all 0: without failures no checkpoint pays off")
     lo = 1e-3 * max(1.0, min((lv.save_s for lv in levels), default=1.0))
-    hi = 100.0 / total
+    hi = 100.0 / total_rate
     memo: dict[tuple[int, ...], Optimum] = {}
 
     def at(counts: tuple[int, ...]) -> Optimum:
         if counts not in memo:
-            memo[counts] = _best_compute(levels, rates, counts, lo, hi)
+            memo[counts] = _best_compute(levels, score_of, counts, lo, hi)
         return memo[counts]
 
     coarse = sorted({0, 1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, max_count} - {
@@ -319,6 +289,13 @@ def optimum(levels: Sequence[Level], rates: Sequence[float],
                     if candidate.efficiency > best.efficiency + 1e-15:
                         best, improved = candidate, True
     return best
+
+
+def optimum(levels: Sequence[Level], rates: Sequence[float],
+            max_count: int = 200) -> Optimum:
+    """The schedule of highest efficiency under SCR's rules (:func:`search`)."""
+    _check(levels, rates, Schedule(1.0, (0,) * (len(levels) - 1)))
+    return search(levels, lambda s: efficiency(levels, rates, s), sum(rates), max_count)
 
 
 @dataclass(frozen=True)
@@ -355,7 +332,7 @@ def answer(levels: Sequence[Level], rates: Sequence[float], named: Schedule | No
     return LevelsAnswer(tuple(levels), tuple(rates), best, alone_best, mine)
 
 
-def level_curves(levels: Sequence[Level], rates: Sequence[float], best: Optimum,
+def level_curves(levels: Sequence[Level], score: Score, best: Optimum,
                  points: int = 60) -> dict[str, list[tuple[float, float]]]:
     """Efficiency against each level's interval, the others held at the optimum: the
     first level's interval is t (varied continuously), level k's is t times the segments
@@ -365,13 +342,13 @@ def level_curves(levels: Sequence[Level], rates: Sequence[float], best: Optimum,
     first = []
     for i in range(points):
         ti = t * 10 ** (-1.0 + 2.0 * i / (points - 1))  # a tenth to ten times the optimum
-        first.append((ti, efficiency(levels, rates, Schedule(ti, counts))))
+        first.append((ti, score(Schedule(ti, counts))))
     out[levels[0].name] = first
     for k in range(1, len(levels)):
         curve = []
         for v in sorted({0, *range(max(0, counts[k - 1] // 4), 4 * counts[k - 1] + 3)}):
             trial = Schedule(t, (*counts[:k - 1], v, *counts[k:]))
             segments = math.prod(c + 1 for c in trial.counts[:k])
-            curve.append((t * segments, efficiency(levels, rates, trial)))
+            curve.append((t * segments, score(trial)))
         out[levels[k].name] = curve
     return out

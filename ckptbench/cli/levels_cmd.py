@@ -6,33 +6,37 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ckptbench.cadence import classes as fc
-from ckptbench.cadence import multilevel as ml
+from ckptbench.cadence import levels_job as lv_job
+from ckptbench.cadence import levels_plan as lv_plan
 from ckptbench.cadence import restart as rs
+from ckptbench.cadence import scoped
+from ckptbench.cadence.formulas import positive
 from ckptbench.cadence.levels_job import LevelsJob, Restarts, describe, levels_job
 from ckptbench.cadence.levels_report import levels_figure
-from ckptbench.cadence.levels_scale import (
-    NODE_NETWORK_BPS,
-    NODE_NETWORK_SOURCE,
-    TierScaling,
-    parse_network,
-    tier_scaling,
-)
+from ckptbench.cadence.levels_scale import TierScaling, parse_footing, tier_scaling
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.progress import current, shows_progress
 from ckptbench.records import read_records
 from ckptbench.report import levels_figures
 from ckptbench.report.tiers import measured_levels
-from ckptbench.simulate import Failures, simulate
+from ckptbench.simulate import Failures, Topology, simulate
 from ckptbench.spec import load_workload
-from ckptbench.units import format_duration
+from ckptbench.units import (
+    format_bytes,
+    format_duration,
+    format_rate,
+    parse_duration,
+    parse_rate,
+    parse_size,
+)
 
 
 def _job(options: dict[str, Any]) -> tuple[LevelsJob, TierScaling | None]:
@@ -54,10 +58,15 @@ def _level_texts(options: dict[str, Any]) -> tuple[list[str], TierScaling | None
     texts, path = list(options["level_texts"]), options["tiers_results"]
     network, at_run, workload = (options["node_network"], options["at_run_size"],
                                  options["workload"])
+    footing, memory = options["footing"], options["node_memory_bandwidth"]
     if path is None or at_run:
-        for given, flag in ((network is not None, "--node-network"),
+        for given, flag in ((footing is not None, "--footing"),
+                            (memory is not None, "--node-memory-bandwidth"),
+                            (network is not None, "--node-network"),
                             (at_run and path is None, "--at-run-size"),
-                            (workload is not None, "--workload")):
+                            (workload is not None, "--workload"),
+                            (options["aggregate_bandwidth"] is not None,
+                             "--aggregate-bandwidth")):
             if given:
                 raise SpecError(f"{flag}: allowed only with --tiers-results and without "
                                 "--at-run-size (it is how a tiered run's levels are scaled "
@@ -74,10 +83,12 @@ def _level_texts(options: dict[str, Any]) -> tuple[list[str], TierScaling | None
         return measured_levels(path), None
     if options["gpus"] < 1 or options["gpus_per_node"] < 1:
         raise SpecError("--gpus and --gpus-per-node must be integers >= 1")
-    rate = parse_network(network) if network is not None else NODE_NETWORK_BPS
-    scaling = tier_scaling(path, options["gpus"], options["gpus_per_node"], rate,
-                           NODE_NETWORK_SOURCE if network is None else f"--node-network {network}",
-                           workload=load_workload(workload) if workload else None)
+    scaling = tier_scaling(path, options["gpus"], options["gpus_per_node"],
+                           parse_footing(footing, memory, network),
+                           workload=load_workload(workload) if workload else None,
+                           workload_path=workload, force=options["force"],
+                           ceiling=None if options["aggregate_bandwidth"] is None else parse_rate(
+                               options["aggregate_bandwidth"], "--aggregate-bandwidth"))
     return scaling.texts(), scaling
 
 
@@ -109,11 +120,23 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="The levels a `run --tiers` measured (memory, peer, storage), "
                           "scaled to the job (its workload at --gpus, --gpus-per-node; "
                           "docs/cadence.md), instead of --level."),
+        click.option("--footing", metavar="stated|measured", default=None,
+                     help="With --tiers-results: what every tier is scaled to the job by: "
+                          "stated figures for the job's nodes (--node-memory-bandwidth, "
+                          "--node-network), or measured: the run's own nodes (its memory copy "
+                          "and transport); storage by the job model in both [default: stated; "
+                          "docs/cadence.md]."),
+        click.option("--node-memory-bandwidth", metavar="BW", default=None,
+                     help="With --tiers-results, stated footing: a node's host memory "
+                          "bandwidth (a copy moves at half of it), for the memory tier scaled "
+                          "to the job (614.4GB/s; a bare number: GB/s) [default: 614.4GB/s, "
+                          "an HGX H100 node's 2 x 8 channels of DDR5-4800; docs/cadence.md]."),
         click.option("--node-network", metavar="BW|measured", default=None,
-                     help="With --tiers-results: a node's network bandwidth, for the peer tier "
-                          "scaled to the job (400Gb/s, 3.2Tb/s, 50GB/s; a lowercase b: bits; "
-                          "measured: the run's own transport) [default: 400Gb/s, a node's host "
-                          "network in NVIDIA's HGX reference architecture; docs/cadence.md]."),
+                     help="With --tiers-results, stated footing: a node's network bandwidth, "
+                          "for the peer tier scaled to the job (400Gb/s, 3.2Tb/s, 50GB/s; a "
+                          "lowercase b: bits; measured: the run's own transport, only with "
+                          "--footing measured) [default: 400Gb/s, a node's host network in "
+                          "NVIDIA's HGX reference architecture; docs/cadence.md]."),
         click.option("--workload", metavar="FILE.toml", default=None,
                      help="With --tiers-results: the job's workload, its plan at --gpus giving "
                           "the bytes per node the levels are scaled to [default: the run's own "
@@ -156,8 +179,43 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
                      help="Write a PNG (a new .png file): levels: efficiency against each "
                           "level's interval, optimum marked; simulate: the goodput histogram."),
-        click.option("--force", is_flag=True, help="Replace a file or link at --plot."),
+        click.option("--force", is_flag=True,
+                     help="Replace a file or link at --plot; with --tiers-results, use what "
+                          "is refused otherwise (a storage measurement `cadence --results` "
+                          "refuses for the job, scaled levels in an order no hardware "
+                          "produces), printed as warnings."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that shape the answer's rules and its planning figures (both commands)."""
+    for option in reversed([
+        click.option("--rules", type=click.Choice(lv_job.RULES), default="stated",
+                     show_default=True,
+                     help="stated: each failure pays its own scope's restart and restores "
+                          "from the newest copy that survived it (docs/cadence.md, The rules); "
+                          "scr: LLNL SCR-model's rules, as a reference."),
+        click.option("--aggregate-bandwidth", metavar="BW", default=None,
+                     help="With --tiers-results: the storage's aggregate bandwidth for the "
+                          "whole job, e.g. 2TB/s (bare number: GB/s), capping the storage "
+                          "level the job model scales [default: storage keeps up with any "
+                          "number of nodes]."),
+        click.option("--step-seconds", metavar="DUR", default=None,
+                     help="Seconds of one training step: each level's interval is then also "
+                          "given in steps."),
+        click.option("--node-state", metavar="SIZE", default=None,
+                     help="The state one node holds (its ranks' shards, one copy; bare "
+                          "number: GB), for the host memory and network each level needs per "
+                          "node [default: from --tiers-results, else not shown]."),
+        click.option("--peer-replicas", type=int, default=None,
+                     help="Nodes holding a replica of each node's part of a node- or group-"
+                          "scope copy [default: the tiered run's, else 1]."),
+        click.option("--group-nodes", type=int, default=32, show_default=True,
+                     help="Nodes a group failure takes (an aligned block; 32: one scalable "
+                          "unit of NVIDIA's DGX SuperPOD, behind one set of leaf switches)."),
     ]):
         func = option(func)
     return func
@@ -167,16 +225,17 @@ def _scaling_json(scaling: TierScaling | None) -> dict[str, Any]:
     return {} if scaling is None else {"scaling": scaling.to_dict()}
 
 
-def _print_levels(job: LevelsJob, scaling: TierScaling | None) -> None:
+def _print_levels(job: LevelsJob, scaling: TierScaling | None, rules: str) -> None:
     for level, scope, rate, restart in zip(job.levels, job.scopes, job.rates, job.restart_s,
                                            strict=True):
         persist = "" if not level.persist_s else (
             f" + persist {format_duration(level.persist_s)}"
             + (f" at {100 * level.interference:.3g} % slower steps" if level.interference else ""))
-        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}{persist}  restart + "
-                   f"restore {format_duration(level.restore_s):>8} (restart "
-                   f"{format_duration(restart)})  survives {scope:<7}  "
-                   f"{rate * 86400:8.3g} failures/day need it")
+        charged = (f"restart + restore {format_duration(level.restore_s + restart):>8} (restart "
+                   f"{format_duration(restart)}, the mean of the failures needing it)"
+                   if rules == "scr" else f"restore {format_duration(level.restore_s):>8}")
+        click.echo(f"{level.name:<10} save {format_duration(level.save_s):>8}{persist}  "
+                   f"{charged}  survives {scope:<7}  {rate * 86400:8.3g} failures/day need it")
     used = dict.fromkeys(job.chosen[c.scope] for c in job.classes)
     for name in used:
         m = job.mechanisms[name]
@@ -189,29 +248,107 @@ def _print_levels(job: LevelsJob, scaling: TierScaling | None) -> None:
 
 def _restarts_json(job: LevelsJob) -> dict[str, Any]:
     used = dict.fromkeys(job.chosen[c.scope] for c in job.classes)
-    return {"restart_s_per_level": list(job.restart_s), "by_scope": job.chosen,
+    return {"restart_s_per_level_scr": list(job.restart_s), "by_scope": job.chosen,
             "mechanisms": {n: {**job.mechanisms[n].parts(), "seconds": job.mechanisms[n].seconds,
                                "source": job.mechanisms[n].source} for n in used}}
 
 
+def _node_state(options: dict[str, Any], scaling: TierScaling | None) -> float | None:
+    if options["node_state"] is not None:
+        return float(parse_size(options["node_state"], "--node-state", "GB"))
+    return scaling.job.node_bytes if scaling is not None else None
+
+
+def _replicas(options: dict[str, Any], scaling: TierScaling | None) -> int:
+    k = options["peer_replicas"]
+    if k is None:
+        return scaling.run.replicas if scaling is not None and scaling.run.replicas else 1
+    if not 1 <= k <= 64:
+        raise SpecError(f"--peer-replicas {k}: allowed: 1 to 64")
+    return int(k)
+
+
+def _step_seconds(options: dict[str, Any]) -> float | None:
+    text = options["step_seconds"]
+    return None if text is None else positive(
+        "--step-seconds", parse_duration(text, "--step-seconds", "s"))
+
+
+def _plan_lines(plans: Sequence[lv_plan.LevelPlan]) -> list[str]:
+    out = []
+    for p in plans:
+        steps = "" if p.steps is None else f", {p.steps:,.0f} steps"
+        needs = ""
+        if p.host_memory_bytes is not None:
+            needs = f"; per node: host memory {format_bytes(p.host_memory_bytes)}"
+            if p.network_Bps:
+                needs += f", network {format_rate(p.network_Bps)} on average"
+        click_line = (f"  {p.name:<10} every {format_duration(p.compute_s)} of compute "
+                      f"({format_duration(p.wall_s)} wall{steps}){needs}")
+        out.append(click_line)
+    return out
+
+
+def _loss_lines(found: scoped.Breakdown, losses: Sequence[lv_plan.ClassLoss]) -> list[str]:
+    out = [f"time lost (stated rules, exact): saves {100 * found.blocking:.2f} %, rework "
+           f"{100 * found.rework:.2f} %, restarts {100 * found.restart:.2f} %, restores "
+           f"{100 * found.restore:.2f} %"]
+    out.append("by class (failures/day; lost: rework + restart + restore):")
+    for c in sorted(losses, key=lambda c: -c.total):
+        if c.per_day <= 0:
+            continue
+        out.append(f"  {c.name:<24} {c.per_day:7.3g}/day  {c.scope:<7} reads {c.reads:<8} "
+                   f"restart {c.restart:<11} lost {100 * c.total:.3f} % = "
+                   f"{100 * c.lost['rework']:.3f} + {100 * c.lost['restart']:.3f} + "
+                   f"{100 * c.lost['restore']:.3f}")
+    return out
+
+
+SCR_DIFFERS_PP = 0.5  # print SCR's answer beside the stated rules' past this difference
+
+
 @click.command("levels", epilog=_epilog("levels"))
 @_job_options
+@_plan_options
 @shows_progress("levels", "finding the optimum")
 def levels_command(**options: Any) -> None:
-    """Multi-level checkpoint cadence (LLNL SCR's model): the schedule that maximizes
-    efficiency when cheap copies survive some failures and storage survives all."""
+    """Multi-level checkpoint cadence: the schedule that maximizes efficiency when cheap
+    copies survive some failures and storage survives all (the stated rules, or LLNL
+    SCR's with --rules scr)."""
     job, scaling = _job(options)
-    result = ml.answer(job.levels, job.rates, job.schedule, job.alone)
+    rules = options["rules"]
+    step_s = _step_seconds(options)
+    replicas = _replicas(options, scaling)
+    node_bytes = _node_state(options, scaling)
+    found = lv_job.answer(job, rules)
+    result = found.answer
+    other = lv_job.answer(job, "scr" if rules == "stated" else "stated") \
+        if len(job.levels) > 1 else None
+    differs = other is not None and abs(other.answer.best.efficiency
+                                        - result.best.efficiency) > SCR_DIFFERS_PP / 100
+    at = result.named.schedule if result.named is not None else result.best.schedule
+    plans = lv_plan.plan_levels(job, at, node_bytes, replicas, step_s)
+    loss, losses = lv_plan.class_losses(job, at) if rules == "stated" else (None, [])
     if options["plot"] is not None:
-        _plot_levels(options["plot"], options["force"], job, result)
+        save_figure(levels_figure(job, found), options["plot"], options["force"])
     if options["as_json"]:
-        click.echo(json.dumps({"gpus": job.gpus, **result.to_dict(),
-                               "restarts": _restarts_json(job), **_scaling_json(scaling)},
-                               indent=2))
+        out: dict[str, Any] = {"gpus": job.gpus, "rules": rules, **result.to_dict(),
+                               "per_level": [p.to_dict() for p in plans],
+                               "failures_per_day_by_class": {
+                                   c.name: k.rate_per_s * 86400.0
+                                   for c, k in zip(job.classes, job.kinds, strict=True)},
+                               "restarts": _restarts_json(job), **_scaling_json(scaling)}
+        if loss is not None:
+            out["lost"] = loss.to_dict()
+            out["lost_by_class"] = [c.to_dict() for c in losses]
+        if other is not None:
+            out["other_rules"] = {"rules": other.rules, "differs_by_more_than_pp": differs,
+                                  "optimum": other.answer.to_dict()["optimum"]}
+        click.echo(json.dumps(out, indent=2))
         return
-    _print_levels(job, scaling)
+    _print_levels(job, scaling, rules)
     best, alone = result.best, result.last_level_only
-    click.echo(f"optimum: {describe(best, job.levels)} -> efficiency "
+    click.echo(f"optimum ({rules} rules): {describe(best, job.levels)} -> efficiency "
                f"{100 * best.efficiency:.2f} %")
     if len(job.levels) > 1:
         click.echo(f"{job.levels[-1].name} alone: every {format_duration(alone.schedule.compute_s)}"
@@ -219,13 +356,23 @@ def levels_command(**options: Any) -> None:
     if result.named is not None:
         click.echo(f"your schedule: {describe(result.named, job.levels)} -> efficiency "
                    f"{100 * result.named.efficiency:.2f} %")
-
-
-def _plot_levels(path: Path, force: bool, job: LevelsJob, result: ml.LevelsAnswer) -> None:
-    save_figure(levels_figure(job, result), path, force)
+    click.echo(("at your schedule" if result.named is not None else "at the optimum")
+               + ", per level:")
+    for line in _plan_lines(plans):
+        click.echo(line)
+    if loss is not None:
+        for line in _loss_lines(loss, losses):
+            click.echo(line)
+    if differs and other is not None:
+        o = other.answer.best
+        click.echo(f"{other.rules} rules: {describe(o, job.levels)} -> efficiency "
+                   f"{100 * o.efficiency:.2f} % (they differ by more than {SCR_DIFFERS_PP} "
+                   "percentage points: docs/cadence.md, SCR's rules)")
 
 
 NODE_LOSING_SCOPES = ("node", "group")
+MAX_DAYS = 3650.0
+MAX_NODES = lv_job.MAX_GPUS
 
 
 def _fewer_nodes(text: str | None) -> tuple[float, float]:
@@ -236,14 +383,15 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
         share, factor = float(share_text), float(factor_text)
     except ValueError:
         share = factor = math.nan
-    if not (0.0 <= share <= 1.0 and 1.0 <= factor < math.inf):
+    if not (0.0 <= share <= 1.0 and 1.0 <= factor <= 1000.0):
         raise SpecError(f"--fewer-nodes {text!r}: allowed: SHARE:FACTOR with SHARE from 0 to 1 "
-                        "and FACTOR at least 1, e.g. 0.3:1.865")
+                        "and FACTOR from 1 to 1000, e.g. 0.3:1.865")
     return share, factor
 
 
 @click.command("simulate", epilog=_epilog("simulate"))
 @_job_options
+@_plan_options
 @click.option("--days", type=float, default=54.0, show_default=True,
               help="Length of the run (Llama 3's: 54 days).")
 @click.option("--replicas", type=int, default=1000, show_default=True,
@@ -251,7 +399,7 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--weibull-shape", type=float, default=1.0, show_default=True,
               help="Shape of the time between failures of each class (1: exponential; < 1: "
-                   "failures cluster).")
+                   "failures cluster; 0.2 to 10).")
 @click.option("--fewer-nodes", "fewer_text", metavar="SHARE:FACTOR",
               help="Restarts onto fewer nodes: the SHARE (0-1) of node and group failures "
                    "that find no spare restart on the nodes left and read a resharded restore "
@@ -259,46 +407,68 @@ def _fewer_nodes(text: str | None) -> tuple[float, float]:
                    "amplification: `ckptbench restore --restore-world-size` measures it).")
 @shows_progress("simulate", "finding the optimum")
 def simulate_command(**options: Any) -> None:
-    """Simulate the whole run under a schedule (default: the optimum of `ckptbench levels`):
-    goodput over replicas and the time lost by cause and by failure class."""
+    """Simulate the whole run event by event under the stated rules (schedule: the
+    optimum of `ckptbench levels`, or --schedule): goodput over replicas and the time lost
+    by cause and by failure class."""
+    days = options["days"]
+    if not 0.0 < days <= MAX_DAYS:
+        raise SpecError(f"--days {days:g}: allowed: more than 0, at most {MAX_DAYS:g}")
+    if options["rules"] != "stated":
+        raise SpecError("--rules scr: allowed only for `ckptbench levels`; `simulate` plays "
+                        "out the stated rules (docs/cadence.md), SCR's are a reference model")
     job, scaling = _job(options)
-    schedule = job.schedule or ml.optimum(job.levels, job.rates).schedule
-    needs = fc.assign(job.scopes, job.classes)
+    group_nodes = options["group_nodes"]
+    if not 1 <= group_nodes <= MAX_NODES:
+        raise SpecError(f"--group-nodes {group_nodes}: allowed: 1 to {MAX_NODES:,}")
     share, factor = _fewer_nodes(options["fewer_text"])
-    failures = [Failures(c.name, c.per_second(job.gpus, job.gpus_per_node), level,
+    topology = Topology(nodes=math.ceil(job.gpus / job.gpus_per_node), group_nodes=group_nodes,
+                        peer_replicas=_replicas(options, scaling))
+    failures = [Failures(c.name, k.rate_per_s, c.scope, k.restart_s,
                          share if c.scope in NODE_LOSING_SCOPES else 0.0)
-                for c, level in zip(job.classes, needs, strict=True)]
-    # the copy's restore (the level's restore less its restart) takes FACTOR times as long
-    extra = [(factor - 1.0) * (lv.restore_s - r) for lv, r in zip(job.levels, job.restart_s,
-                                                                   strict=True)]
-    current().phase(f"simulating {options['replicas']} runs of {options['days']:g} days")
-    run = simulate(job.levels, failures, schedule, options["days"] * 86400.0,
+                for c, k in zip(job.classes, job.kinds, strict=True)]
+    schedule = job.schedule or scoped.optimum(job.levels, job.kinds).schedule
+    exact = scoped.efficiency(job.levels, job.kinds, schedule) \
+        if options["weibull_shape"] == 1.0 and share == 0.0 else None
+    current().phase(f"simulating {options['replicas']} runs of {days:g} days")
+    run = simulate(job.levels, job.scopes, failures, schedule, days * 86400.0, topology,
                    options["replicas"], options["seed"], options["weibull_shape"],
-                   reshard_extra_s=extra)
+                   reshard_factor=factor if share > 0 else 1.0)
     if options["plot"] is not None:
-        title = (f"{run.replicas} runs of {options['days']:g} days, {job.gpus} GPUs\n"
+        title = (f"{run.replicas} runs of {days:g} days, {job.gpus} GPUs\n"
                  f"{describe(schedule, job.levels)}")
-        save_figure(levels_figures.goodput_histogram(run.goodput, run.analytic, title),
+        save_figure(levels_figures.goodput_histogram(run.goodput, exact, title),
                     options["plot"], options["force"])
     if options["as_json"]:
-        click.echo(json.dumps({"gpus": job.gpus, "schedule": {
+        click.echo(json.dumps({"gpus": job.gpus, "rules": "stated", "schedule": {
             "compute_s": schedule.compute_s, "counts": list(schedule.counts)},
-            **run.to_dict(), "restarts": _restarts_json(job), **_scaling_json(scaling)},
-            indent=2))
+            "topology": {"nodes": topology.nodes, "group_nodes": topology.group_nodes,
+                         "peer_replicas": topology.peer_replicas},
+            **run.to_dict(), "exact_efficiency": exact, "restarts": _restarts_json(job),
+            **_scaling_json(scaling)}, indent=2))
         return
-    _print_levels(job, scaling)
+    _print_levels(job, scaling, "stated")
     click.echo(f"schedule: {describe(schedule, job.levels)}")
-    click.echo(f"goodput over {run.replicas} runs of {options['days']:g} days: mean "
+    click.echo(f"nodes: {topology.nodes:,} ({job.gpus_per_node} GPUs each), a group failure "
+               f"takes {topology.group_nodes}, peer copies on {topology.peer_replicas} other "
+               "node(s)")
+    click.echo(f"goodput over {run.replicas} runs of {days:g} days: mean "
                f"{100 * run.mean:.2f} % (99 % CI +-{100 * run.ci99:.2f}), p5 "
                f"{100 * run.percentile(5):.2f} %, p95 {100 * run.percentile(95):.2f} %"
-               + ("" if run.analytic is None else
-                  f"; the model's efficiency {100 * run.analytic:.2f} %"))
+               + ("" if exact is None else
+                  f"; the exact model (failures by scope) {100 * exact:.2f} %"))
     click.echo(f"time lost: saves {100 * run.blocking:.2f} %, work redone "
-               f"{100 * run.rework:.2f} %, restores {100 * run.restore:.2f} %; "
-               f"{run.failures_per_replica:.1f} failures per run")
-    worst = sorted(run.by_class.items(), key=lambda kv: -kv[1])[:5]
-    click.echo("lost by class: " + ", ".join(f"{name} {100 * share:.2f} %"
-                                              for name, share in worst if share > 0))
+               f"{100 * run.rework:.2f} %, restarts {100 * run.restart:.2f} %, restores "
+               f"{100 * run.restore:.2f} %; {run.failures_per_replica:.1f} failures per run")
+    worst = sorted(run.by_class.items(), key=lambda kv: -_lost(kv[1]))[:5]
+    click.echo("lost by class: " + ", ".join(
+        f"{name} {100 * _lost(lost):.2f} % ({lost['failures_per_day']:.3g}/day)"
+        for name, lost in worst if _lost(lost) > 0))
+    click.echo("restores read: " + ", ".join(f"{name} {n:,}"
+                                             for name, n in run.restores_by_level.items()))
+
+
+def _lost(by: dict[str, float]) -> float:
+    return by["rework"] + by["restart"] + by["restore"]
 
 
 COMMANDS = [levels_command, simulate_command]

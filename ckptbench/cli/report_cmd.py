@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -11,13 +12,41 @@ import click
 from ckptbench.cadence.failures import FAILURE_PRESETS
 from ckptbench.cadence.job import JobAnswer, job_answers, job_grid
 from ckptbench.cadence.levels_report import TierCadence, tier_cadences
-from ckptbench.cadence.levels_scale import NODE_NETWORK_BPS, NODE_NETWORK_SOURCE, parse_network
+from ckptbench.cadence.levels_scale import STATED_FOOTING, Footing, parse_footing
 from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
 from ckptbench.progress import current, shows_progress
 from ckptbench.report import load, table
 from ckptbench.report.tiers_table import render_tiers, tier_grids
+
+
+def footing_options(f: Any) -> Any:
+    """--footing, --node-memory-bandwidth and --node-network: how a tiered run's levels are
+    scaled to the job (as in `levels`), passed on as one `footing` tuple of their texts."""
+    @functools.wraps(f)
+    def packed(*args: Any, footing: str | None, node_memory_bandwidth: str | None,
+               node_network: str | None, **kwargs: Any) -> Any:
+        return f(*args, footing=(footing, node_memory_bandwidth, node_network), **kwargs)
+
+    for option in reversed([
+        click.option("--footing", metavar="stated|measured", default=None,
+                     help="With --failure-preset, for a tiered run: what its tiers are scaled "
+                          "to the job by, as `levels --footing`: stated figures for the job's "
+                          "nodes, or measured: the run's own nodes [default: stated; "
+                          "docs/cadence.md]."),
+        click.option("--node-memory-bandwidth", metavar="BW", default=None,
+                     help="With --failure-preset, for a tiered run (stated footing): a node's "
+                          "host memory bandwidth, for its memory tier scaled to the job (as "
+                          "`levels --node-memory-bandwidth`) [default: 614.4GB/s; "
+                          "docs/cadence.md]."),
+        click.option("--node-network", metavar="BW|measured", default=None,
+                     help="With --failure-preset, for a tiered run (stated footing): a node's "
+                          "network bandwidth, for its peer tier scaled to the job (as `levels "
+                          "--node-network`) [default: 400Gb/s; docs/cadence.md]."),
+    ]):
+        packed = option(packed)
+    return packed
 
 
 @click.command("report")
@@ -36,16 +65,13 @@ from ckptbench.report.tiers_table import render_tiers, tier_grids
                    "by part, the interval and the goodput.")
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="With --failure-preset: the job's GPUs [default: the workload's world_size].")
-@click.option("--node-network", metavar="BW|measured", default=None,
-              help="With --failure-preset, for a tiered run: a node's network bandwidth, for "
-                   "its peer tier scaled to the job (as `levels --node-network`) [default: "
-                   "400Gb/s; docs/cadence.md].")
+@footing_options
 @width_options
 @shows_progress("report", "reading the results")
 def report_command(results: tuple[str, ...], as_json: bool, html_path: str | None,
                    plots_dir: str | None, force: bool, failure_preset: str | None,
-                   gpus: int | None, node_network: str | None, wide: bool,
-                   width: int | None) -> None:
+                   gpus: int | None, footing: tuple[str | None, str | None, str | None],
+                   wide: bool, width: int | None) -> None:
     """Summarize one or more results files (several: side by side, labelled by the options
     that differ); --html and --plots draw each run's timeline, throughput and latency;
     --failure-preset adds what the job will see."""
@@ -57,7 +83,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
     if gpus is not None and failure_preset is None:
         raise SpecError("--gpus needs --failure-preset (the job's failures); allowed: add "
                         f"--failure-preset {next(iter(FAILURE_PRESETS))}, or drop --gpus")
-    network = _network(node_network, failure_preset)
+    scaled_by = _footing(*footing, failure_preset)
     inputs = [Path(p) for p in results]
     if html_path and not page_out:  # refused before anything is read or drawn
         check_output_path(Path(html_path), "--html", None, force, inputs)
@@ -75,7 +101,7 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
             check_output_path(png, "--plots", ".png", force, inputs)
     current().phase("modelling the job" if failure_preset else "printing the summary")
     answers = job_answers(list(results), failure_preset, gpus) if failure_preset else None
-    cadences = tier_cadences(loaded, failure_preset, gpus, *network) if failure_preset else []
+    cadences = tier_cadences(loaded, failure_preset, gpus, scaled_by) if failure_preset else []
     closed = None
     try:
         if as_json:
@@ -94,15 +120,18 @@ def report_command(results: tuple[str, ...], as_json: bool, html_path: str | Non
         raise closed
 
 
-def _network(text: str | None, failure_preset: str | None) -> tuple[float | None, str]:
-    """--node-network as bytes/s (None: the run's own transport) and its source."""
-    if text is None:
-        return NODE_NETWORK_BPS, NODE_NETWORK_SOURCE
+def _footing(footing: str | None, memory: str | None, network: str | None,
+             failure_preset: str | None) -> Footing:
+    """--footing, --node-memory-bandwidth and --node-network as the footing a tiered run's
+    levels are scaled to the job on (levels_scale.parse_footing)."""
+    if footing is None and memory is None and network is None:
+        return STATED_FOOTING
     if failure_preset is None:
-        raise SpecError("--node-network needs --failure-preset (it scales a tiered run's "
-                        "levels to the job); allowed: add --failure-preset llama3, or drop "
-                        "--node-network")
-    return parse_network(text), f"--node-network {text}"
+        flag = next(f for f, v in (("--footing", footing), ("--node-memory-bandwidth", memory),
+                                   ("--node-network", network)) if v is not None)
+        raise SpecError(f"{flag} needs --failure-preset (it scales a tiered run's levels to "
+                        f"the job); allowed: add --failure-preset llama3, or drop {flag}")
+    return parse_footing(footing, memory, network)
 
 
 def _print_tables(console: Any, loaded: list[dict[str, Any]],

@@ -87,8 +87,8 @@ def test_every_tier_written_and_every_restart_verified(tmp_path: Path, memory_di
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
                           str(tmp_path / "r.jsonl"), "--failure-classes", "llama3", "--gpus",
-                          "1024"], env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+                          "1024", "--force"], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)  # forced: a tiny run's storage for 1,024 GPUs
     assert out.returncode == 0, out.stderr
     assert [line.split()[0] for line in out.stdout.splitlines()[:3]] == levels_names(levels)
 
@@ -291,13 +291,15 @@ def test_report_shows_the_tiers_and_their_cadence_in_text_and_html(
     report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(results), *job,
                              "--html", str(page)], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
-    assert "multi-level cadence" in report.stdout and "optimum:" in report.stdout
+    assert "multi-level cadence" in report.stdout and "optimum (stated rules" in report.stdout
     levels = subprocess.run([sys.executable, "-m", "ckptbench", "levels", "--tiers-results",
-                             str(results), "--failure-classes", "llama3", "--gpus", "16384"],
+                             str(results), "--failure-classes", "llama3", "--gpus", "16384",
+                             "--force"],  # as report uses them: forced, cautions printed
                             capture_output=True, text=True, timeout=300)
     assert levels.returncode == 0, levels.stderr
-    (optimum,) = [line for line in levels.stdout.splitlines() if line.startswith("optimum:")]
-    schedule = optimum.removeprefix("optimum: ").split(" -> ")[0]
+    (optimum,) = [line for line in levels.stdout.splitlines()
+                  if line.startswith("optimum (stated rules): ")]
+    schedule = optimum.removeprefix("optimum (stated rules): ").split(" -> ")[0]
     # the same answer as `ckptbench levels` (the terminal wraps the table's notes)
     assert schedule in " ".join(report.stdout.split())
     text = page.read_text()
