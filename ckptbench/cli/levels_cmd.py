@@ -280,12 +280,12 @@ def _plan_lines(plans: Sequence[lv_plan.LevelPlan]) -> list[str]:
         steps = "" if p.steps is None else f", {p.steps:,.0f} steps"
         needs = ""
         if p.host_memory_bytes is not None:
-            needs = f"; per node: host memory {format_bytes(p.host_memory_bytes)}"
+            needs = "; per node: host memory " + (format_bytes(p.host_memory_bytes)
+                                                  if p.host_memory_bytes else "none")
             if p.network_Bps:
                 needs += f", network {format_rate(p.network_Bps)} on average"
-        click_line = (f"  {p.name:<10} every {format_duration(p.compute_s)} of compute "
-                      f"({format_duration(p.wall_s)} wall{steps}){needs}")
-        out.append(click_line)
+        out.append(f"  {p.name:<10} every {format_duration(p.compute_s)} of compute "
+                   f"({format_duration(p.wall_s)} wall{steps}){needs}")
     return out
 
 
