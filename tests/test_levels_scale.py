@@ -505,3 +505,24 @@ def test_a_run_with_no_workload_recorded_is_one_line(tiered: Path, tmp_path: Pat
     old.write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(SpecError, match="no full-size workload"):
         tier_scaling(str(old), 64, 8)
+
+
+def test_what_the_storage_assumptions_suggest_exists(tiered: Path) -> None:
+    """The job model's assumptions tell the user to give --aggregate-bandwidth when no
+    storage ceiling is known: `levels` and `simulate` take it, and it caps the storage
+    level they scale."""
+    free = json.loads(run("levels", "--tiers-results", str(tiered), "--failure-classes",
+                          "llama3", *ONE_NODE, "--json").stdout)
+    hint = [a for a in free["scaling"]["storage_assumptions"] if "--aggregate-bandwidth" in a]
+    assert hint
+    for command in ("levels", "simulate"):
+        extra = ["--days", "1", "--replicas", "5"] if command == "simulate" else []
+        out = run(command, "--tiers-results", str(tiered), "--failure-classes", "llama3",
+                  *ONE_NODE, "--aggregate-bandwidth", "1MB/s", "--json", *extra)
+        assert out.returncode == 0, out.stderr
+        capped = json.loads(out.stdout)["scaling"]
+        assert any("capped at the aggregate ceiling 0.001 GB/s" in a
+                   for a in capped["storage_assumptions"])
+        free_storage, capped_storage = (next(lv for lv in s["levels"] if lv["level"] == "storage")
+                                        for s in (free["scaling"], capped))
+        assert capped_storage["save_s"] > free_storage["save_s"]
