@@ -21,6 +21,7 @@ from ckptbench.cadence.formulas import positive
 from ckptbench.cadence.levels_job import LevelsJob, Restarts, describe, levels_job
 from ckptbench.cadence.levels_report import levels_figure
 from ckptbench.cadence.levels_scale import TierScaling, parse_footing, tier_scaling
+from ckptbench.cli.footing_options import footing_option_list
 from ckptbench.cli.output_file import check_output_path, save_figure
 from ckptbench.errors import SpecError
 from ckptbench.progress import current, shows_progress
@@ -120,23 +121,7 @@ def _job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="The levels a `run --tiers` measured (memory, peer, storage), "
                           "scaled to the job (its workload at --gpus, --gpus-per-node; "
                           "docs/cadence.md), instead of --level."),
-        click.option("--footing", metavar="stated|measured", default=None,
-                     help="With --tiers-results: what every tier is scaled to the job by: "
-                          "stated figures for the job's nodes (--node-memory-bandwidth, "
-                          "--node-network), or measured: the run's own nodes (its memory copy "
-                          "and transport); storage by the job model in both [default: stated; "
-                          "docs/cadence.md]."),
-        click.option("--node-memory-bandwidth", metavar="BW", default=None,
-                     help="With --tiers-results, stated footing: a node's host memory "
-                          "bandwidth (a copy moves at half of it), for the memory tier scaled "
-                          "to the job (614.4GB/s; a bare number: GB/s) [default: 614.4GB/s, "
-                          "an HGX H100 node's 2 x 8 channels of DDR5-4800; docs/cadence.md]."),
-        click.option("--node-network", metavar="BW|measured", default=None,
-                     help="With --tiers-results, stated footing: a node's network bandwidth, "
-                          "for the peer tier scaled to the job (400Gb/s, 3.2Tb/s, 50GB/s; a "
-                          "lowercase b: bits; measured: the run's own transport, only with "
-                          "--footing measured) [default: 400Gb/s, a node's host network in "
-                          "NVIDIA's HGX reference architecture; docs/cadence.md]."),
+        *footing_option_list("With --tiers-results"),
         click.option("--workload", metavar="FILE.toml", default=None,
                      help="With --tiers-results: the job's workload, its plan at --gpus giving "
                           "the bytes per node the levels are scaled to [default: the run's own "

@@ -13,6 +13,7 @@ from ckptbench.cadence.failures import FAILURE_PRESETS
 from ckptbench.cadence.job import JobAnswer, job_answers, job_grid
 from ckptbench.cadence.levels_report import TierCadence, tier_cadences
 from ckptbench.cadence.levels_scale import STATED_FOOTING, Footing, parse_footing
+from ckptbench.cli.footing_options import footing_option_list
 from ckptbench.cli.output_file import check_output_path, write_bytes
 from ckptbench.cli.run_cmd import width_options
 from ckptbench.errors import SpecError
@@ -29,22 +30,7 @@ def footing_options(f: Any) -> Any:
                node_network: str | None, **kwargs: Any) -> Any:
         return f(*args, footing=(footing, node_memory_bandwidth, node_network), **kwargs)
 
-    for option in reversed([
-        click.option("--footing", metavar="stated|measured", default=None,
-                     help="With --failure-preset, for a tiered run: what its tiers are scaled "
-                          "to the job by, as `levels --footing`: stated figures for the job's "
-                          "nodes, or measured: the run's own nodes [default: stated; "
-                          "docs/cadence.md]."),
-        click.option("--node-memory-bandwidth", metavar="BW", default=None,
-                     help="With --failure-preset, for a tiered run (stated footing): a node's "
-                          "host memory bandwidth, for its memory tier scaled to the job (as "
-                          "`levels --node-memory-bandwidth`) [default: 614.4GB/s; "
-                          "docs/cadence.md]."),
-        click.option("--node-network", metavar="BW|measured", default=None,
-                     help="With --failure-preset, for a tiered run (stated footing): a node's "
-                          "network bandwidth, for its peer tier scaled to the job (as `levels "
-                          "--node-network`) [default: 400Gb/s; docs/cadence.md]."),
-    ]):
+    for option in reversed(footing_option_list("With --failure-preset, for a tiered run")):
         packed = option(packed)
     return packed
 
