@@ -7,6 +7,7 @@ import sys
 import click
 
 from ckptbench import __version__
+from ckptbench.cli.streams import ensure_standard_streams
 from ckptbench.errors import CkptbenchError
 from ckptbench.runner import startup
 
@@ -57,6 +58,7 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: bad input is one line on stderr and exit status 2, never a traceback."""
+    ensure_standard_streams()  # before anything is opened (cli/streams.py)
     _register()
     try:
         cli.main(args=argv, prog_name="ckptbench", standalone_mode=False)
