@@ -406,11 +406,16 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
     """A workload from :meth:`Workload.to_dict` (as results files and manifests carry it)."""
     tables: dict[str, Any] = {"workload": {"name": data.get("name", "workload"),
                                            "description": data.get("description", "")}}
+    for section in ("model", "state", "parallel", "checkpoint", "restore", "tiers"):
+        # a section that is there must be a table: a string (restore = "x") was dropped
+        # without a word, and the workload quietly became another one
+        if data.get(section) is not None and not isinstance(data[section], Mapping):
+            raise SpecError(f"[{section}] = {shown(data[section])}; allowed: a table")
     for section in ("model", "state", "parallel", "checkpoint"):
         if isinstance(data.get(section), Mapping):
             tables[section] = dict(data[section])
     restore = data.get("restore")
-    if isinstance(restore, Mapping):
+    if isinstance(restore, Mapping):  # a ParallelSpec's fields: the layout's keys kept
         tables["restore"] = {k: v for k, v in restore.items() if k in RESTORE_KEYS}
     if isinstance(data.get("tiers"), Mapping) and data["tiers"].get("use"):  # a tiered run
         tables["tiers"] = {k: v for k, v in data["tiers"].items() if k in tierspec.KEYS}

@@ -117,6 +117,12 @@ def _description(m: dict[str, Any]) -> None:
     m["workload_spec"]["description"] = ["a", 1]
 
 
+def _section(section: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        m["workload_spec"][section] = value
+    return edit
+
+
 @pytest.mark.parametrize("edit, needles", [
     # tracebacks before: ValueError, AttributeError ('list' has no 'items'; 'str' has no 'get')
     (_set("seed", "abc"), ["seed is 'abc'", "allowed: an integer >= 0"]),
@@ -136,8 +142,11 @@ def _description(m: dict[str, Any]) -> None:
                                               " = 1000000000 is too large"]),
     (_description, [".metadata: workload_spec: [workload] description = ['a', 1]",
                     "allowed: a string"]),
+    # accepted before: the restore layout dropped without a word
+    (_section("restore", "x"), [".metadata: workload_spec: [restore] = 'x'; allowed: a table"]),
+    (_section("parallel", [8]), [".metadata: workload_spec: [parallel] = [8]; allowed: a table"]),
 ], ids=["seed", "files-list", "entry-string", "entry-path", "iteration", "payload", "no-files", "no-ranks",
-        "rank-outside", "size", "world-size", "description"])
+        "rank-outside", "size", "world-size", "description", "restore-string", "parallel-list"])
 def test_manifest_fields_of_the_wrong_type_are_one_line(kept: Path, tmp_path: Path,
                                                         edit: Callable[[dict[str, Any]], None],
                                                         needles: list[str]) -> None:
