@@ -4,6 +4,7 @@ its entries are exactly the files of the ranks it lists (else one line naming th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ckptbench.backends import Backend
@@ -68,6 +69,8 @@ def written_ranks(plan: Plan, manifest: Manifest, prefix: str) -> list[int]:
             raise CkptbenchError(f"{where}: entry {shown(name)} is {shown(entry)}; allowed: an "
                                  "object with its rank, chunks and digests (altered manifest)")
         path, rank = entry.get("path", name), entry.get("rank")
+        if isinstance(path, str) and path not in names:
+            _renamed(path, prefix, plan.file_paths, where)
         if not isinstance(path, str) or path not in names or rank not in ranks:
             raise CkptbenchError(f"{where}: entry {shown(name)} is not a file of its "
                                  "workload's plan written by one of its ranks (altered manifest)")
@@ -80,3 +83,16 @@ def written_ranks(plan: Plan, manifest: Manifest, prefix: str) -> list[int]:
                                      "manifest lists that rank as written; an altered manifest);"
                                      " the checkpoint is not restored")
     return ranks
+
+
+def _renamed(path: str, prefix: str, file_paths: Sequence[str], where: str) -> None:
+    """A manifest names the files by the checkpoint's own directory: an entry that is a
+    file of the plan under another directory means the checkpoint was renamed or moved
+    since it was written, not that its manifest was altered."""
+    for file in file_paths:
+        if path.endswith("/" + file) and path != f"{prefix}/{file}":
+            raise CkptbenchError(
+                f"{where}: it names its files under {shown(path[:-len(file) - 1])}, not "
+                f"{shown(prefix)}: the checkpoint was renamed or moved after it was written; "
+                "allowed: restore it under the name it was written with (its manifest's "
+                "digests and names cover that directory)")

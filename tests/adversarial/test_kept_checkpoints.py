@@ -228,3 +228,15 @@ def test_a_manifest_read_stops_at_its_limits(tmp_path: Path) -> None:
     with pytest.raises(VerificationError, match=r"long: larger than 4,194,304 bytes"):
         read_manifest_bytes(backend, "long", 1 << 20, limits=(4 << 20, 1 << 20))
     assert read_manifest_bytes(backend, "long", 1 << 20) == (b"{}", 3 + (5 << 20))
+
+
+def test_a_renamed_run_directory_is_called_renamed_not_an_altered_manifest(
+        kept: Path, tmp_path: Path) -> None:
+    ckpt = _copy(kept, tmp_path)
+    run_dir = ckpt.parent
+    renamed = run_dir.with_name("run-renamed")
+    run_dir.rename(renamed)
+    result = _restore(renamed / ckpt.name, tmp_path)
+    line = assert_refused(result, f"names its files under '{run_dir.name}/checkpoint-1', not "
+                                  "'run-renamed/checkpoint-1'", "renamed or moved")
+    assert "altered" not in line
