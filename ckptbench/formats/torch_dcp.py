@@ -13,19 +13,34 @@ group (a TCPStore that process 0 opens on a free port), so DCP plans, dedups and
 its ``.metadata`` as in training. DCP's files go to ``<checkpoint>/dcp/`` because DCP's
 ``.metadata`` and ckptbench's manifest share a name.
 
+What DCP is handed is what a trainer hands it: with one plan rank per process (the DCP
+family), the rank's **whole** local plan -- its piece of every key of its stage,
+replicated pieces (HSDP replicas, TP-replicated norms, ``step`` scalars) and empty ones
+included -- in ``get_state_dict``'s nesting (``{"model": ..., "optim": {"state": ...,
+"param_groups": [...]}}``, AdamW's 12 param_group entries last) and DCP's default save
+planner (``flatten_state_dict=True``, as torchtitan's), so DCP's coordinator receives
+every copy and its own ``dedup_save_plans`` picks each writer. The pieces the plan gives
+another rank are handed as meta tensors (shape and dtype, no bytes): DCP never reads an
+item it did not keep, and if its dedup keeps one the plan gives another rank, the save
+fails naming it (the plan's writers are DCP's; docs/formats.md). A process running
+several plan ranks (MPI with fewer processes) hands DCP the chunks its ranks write, as
+the plan deduplicated them.
+
 Timing: one op per process, ``dcp_save`` (planning collectives, writes, fsync, DCP's
-metadata commit). On restore, ``dcp_load`` by every rank of the restore layout into its
-pieces there (:mod:`ckptbench.formats.dcp_load`); with ``--restore-plan files`` by every
-process into fresh tensors of the chunks it wrote. Digests are checked after the load
-(outside the op). The whole
-state is generated in memory before the clock starts, as it would sit in a trainer
-(``--prefill`` does not bound it). Runs must cover every plan rank: DCP refuses a
+metadata commit); its bytes are the plan's tensor bytes of the process's ranks. On
+restore, ``dcp_load`` by every rank of the restore layout into its pieces there
+(:mod:`ckptbench.formats.dcp_load`); with ``--restore-plan files`` by every process into
+fresh tensors of the chunks it wrote. Digests are checked after the load (outside the
+op). The whole state is generated in memory before the clock starts, as it would sit in
+a trainer (``--prefill`` does not bound it). Runs must cover every plan rank: DCP refuses a
 global plan whose chunks do not cover each tensor.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import warnings
 from typing import Any, ClassVar
 
@@ -34,7 +49,7 @@ import numpy as np
 from ckptbench.backends import Backend
 from ckptbench.backends.s3.options import S3Options
 from ckptbench.backends.s3.transport import DCP_STORAGE
-from ckptbench.errors import SpecError
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats.base import (
     FileJob,
     FormatBase,
@@ -66,10 +81,18 @@ from ckptbench.formats.manifest import Manifest
 from ckptbench.formats.verify import describe_difference, object_digest
 from ckptbench.payload import digest
 from ckptbench.plan import Plan
-from ckptbench.plan.restore import restore_pieces, restore_plan_of
+from ckptbench.plan.restore import held_pieces, restore_pieces, restore_plan_of
+from ckptbench.plan.state import PARAM_GROUP_ITEMS
 
 DCP_DIR = "dcp"
 DCP_METADATA = f"{DCP_DIR}/.metadata"
+# AdamW's param_group entries (torch 2.15's defaults) but `params`, which
+# get_state_dict saves as the parameters' FQNs: non-tensor items every rank's plan ends
+# with (plan.state.PARAM_GROUP_ITEMS; DCP's dedup weighs each 1).
+ADAMW_GROUP: dict[str, Any] = {
+    "lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-08, "weight_decay": 0.01, "amsgrad": False,
+    "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
+    "fused": None, "decoupled_weight_decay": True}
 
 
 def _import_torch() -> Any:
@@ -128,13 +151,22 @@ class PlannedChunks:
                 for off, t in self.chunks]
 
     def __get_tensor_shard__(self, index: Any) -> Any:
+        found = None
         if index.index is not None and index.index < len(self.chunks) \
                 and tuple(self.chunks[index.index][0]) == tuple(index.offset or ()):
-            return self.chunks[index.index][1]
-        for off, t in self.chunks:
+            found = self.chunks[index.index][1]
+        for off, t in self.chunks if found is None else ():
             if tuple(off) == tuple(index.offset or ()):
-                return t
-        raise ValueError(f"{index.fqn}: no local chunk at offset {index.offset}")
+                found = t
+                break
+        if found is None:
+            raise ValueError(f"{index.fqn}: no local chunk at offset {index.offset}")
+        if found.is_meta:  # held here, but the plan has another rank write it
+            raise CkptbenchError(
+                f"{index.fqn} at offsets {list(index.offset or ())}: DCP's dedup_save_plans "
+                "kept it on this rank, the plan on another (plan.dedup follows torch 2.15's "
+                "rule; docs/formats.md)")
+        return found
 
 
 def _planners() -> tuple[Any, Any]:
@@ -144,7 +176,10 @@ def _planners() -> tuple[Any, Any]:
 
     class SavePlanner(DefaultSavePlanner):  # type: ignore[misc]
         def lookup_object(self, index: Any) -> Any:
-            return self.state_dict[index.fqn].__get_tensor_shard__(index)
+            obj = self.state_dict[index.fqn]
+            if isinstance(obj, PlannedChunks):
+                return obj.__get_tensor_shard__(index)
+            return super().lookup_object(index)  # param_group entries
 
     class LoadPlanner(DefaultLoadPlanner):  # type: ignore[misc]
         def set_up_planner(self, state_dict: Any, metadata: Any = None,
@@ -159,8 +194,27 @@ def _planners() -> tuple[Any, Any]:
         def lookup_tensor(self, index: Any) -> Any:
             return self.state_dict[index.fqn].__get_tensor_shard__(index)
 
-    return (SavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False),
+    # The save planner as dcp.save makes it when given none (torchtitan's too): the state
+    # dict, nested as get_state_dict's, flattened to the keys the plan names.
+    return (SavePlanner(),
             LoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False))
+
+
+def _nest(state: dict[str, Any], name: str, value: Any) -> None:
+    """Put flattened key `name` where get_state_dict's ``{"model": {fqn: ...}, "optim":
+    {"state": {fqn: {entry: ...}}}}`` holds it, so that DCP's flattening gives `name`
+    back (and its ``.metadata`` the same mapping); other names stay flat. Strings are
+    shared as a trainer's state dicts share them (the ``.metadata`` pickle memoizes by
+    object): an optimizer entry's name (``exp_avg``) is one string everywhere, a
+    parameter's FQN one string in the optimizer state and another in the model's."""
+    if name.startswith("model."):
+        state.setdefault("model", {})[name[len("model."):]] = value
+    elif name.startswith("optim.state.") and name.count(".") >= 3:
+        fqn, entry = name[len("optim.state."):].rsplit(".", 1)
+        params = state.setdefault("optim", {}).setdefault("state", {})
+        params.setdefault(fqn, {})[sys.intern(entry)] = value
+    else:
+        state[name] = value
 
 
 class TorchDcpFormat(FormatBase):
@@ -301,12 +355,53 @@ class TorchDcpFormat(FormatBase):
         return state, arrays
 
     # --- save ---
+    def _save_state(self, tasks: list[ChunkTask]) -> tuple[dict[str, Any], list[Any]]:
+        """The state dict dcp.save gets, as a trainer's get_state_dict gives it: this
+        process's pieces of every key (the chunks its ranks write, filled; with one plan
+        rank of the DCP family, also the pieces it holds that another rank writes, as meta
+        tensors, and its empty pieces), nested by key name, AdamW's param_group last."""
+        torch, plan = self.torch, self.plan
+        arrays = []
+        tensors: dict[tuple[int, tuple[int, ...]], Any] = {}
+        for t in tasks:
+            key = plan.keys[t.key]
+            data, d = chunk_bytes(self.gen, t, NP_DTYPES[key.dtype])
+            if not data.flags.c_contiguous:  # (np.ascontiguousarray makes a 0-d array 1-d)
+                data = data.copy()
+            tensors[(t.key, t.offsets)] = torch.from_numpy(data).view(_torch_dtype(torch,
+                                                                                   key.dtype))
+            arrays.append((t, data, d))
+        dtensor = plan.workload.parallel.layout != "megatron-deepspeed"
+        if len(self.ranks) == 1 and dtensor:
+            pieces = held_pieces(plan, self.ranks[0])
+        else:
+            pieces = sorted((t.key, t.offsets, t.sizes) for t in tasks)
+        by_key: dict[int, list[tuple[tuple[int, ...], Any]]] = {}
+        for k, off, sizes in pieces:
+            tensor = tensors.get((k, off))
+            if tensor is None:  # written by another rank (meta: no bytes), or empty
+                tensor = torch.empty(sizes, dtype=_torch_dtype(torch, plan.keys[k].dtype),
+                                     device="meta" if math.prod(sizes) else "cpu")
+            by_key.setdefault(k, []).append((off, tensor))
+        state: dict[str, Any] = {}
+        fqns: list[str] = []
+        for k, chunks in by_key.items():
+            key = plan.keys[k]
+            _nest(state, key.name, PlannedChunks(key.global_shape, chunks))
+            if key.name.startswith("model."):
+                fqns.append(key.name[len("model."):])
+        if dtensor and plan.workload.state.optimizer == "adamw":
+            group = {name: ADAMW_GROUP.get(name) for name in PARAM_GROUP_ITEMS}
+            group["params"] = fqns
+            state.setdefault("optim", {})["param_groups"] = [group]
+        return state, arrays
+
     def save(self, jobs: list[FileJob]) -> list[ThreadResult]:
         import torch.distributed.checkpoint as dcp
 
         ckpt = checkpoint_of(self.plan, jobs, "torch-dcp")
         tasks = chunk_tasks(self.plan, jobs)
-        state, arrays = self._state_dict(tasks, fill=True)
+        state, arrays = self._save_state(tasks)
         self._process_group()
         writer = self._writer(ckpt)
         planner, _ = _planners()
@@ -441,8 +536,7 @@ class TorchDcpFormat(FormatBase):
         b = now()
         reader.count()
         res.op("dcp_load", jobs[0].index if jobs else 0, reader.read_bytes, a, b,
-               {"object": f"{DCP_DIR}/", "container_bytes": reader.container_bytes,
-                "read_items": reader.items, "parts": reader.parts(a, b)}, rank=ranks[0])
+               {"object": f"{DCP_DIR}/", **reader.extra(a, b)}, rank=ranks[0])
         self.progress(reader.read_bytes)
         if res.error is None:
             res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest.files,

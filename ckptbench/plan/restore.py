@@ -176,8 +176,21 @@ def restore_pieces(rplan: RestorePlan, rank: int) -> list[tuple[int, tuple[int, 
         chunks = [i for f in plan.files_of_rank(rank) for i in plan.chunks_of_file(f)]
         return sorted((int(plan.chunk_key[i]), plan.chunk(i).offsets, plan.chunk(i).sizes)
                       for i in chunks)
+    return layout_pieces(plan, plan.workload.restore_parallel, rank)
+
+
+def held_pieces(plan: Plan, rank: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """What plan rank `rank` holds when it saves, as (key id, offsets, sizes) in key order:
+    its DTensor piece of every key of its stage, replicated pieces and empty ones included
+    -- the tensor items of its local plan, before DCP's dedup keeps one holder of each."""
+    return layout_pieces(plan, plan.workload.parallel, rank)
+
+
+def layout_pieces(plan: Plan, layout: ParallelSpec, rank: int
+                  ) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """Rank `rank`'s piece of every state-dict key of its stage under `layout` (the DCP
+    family), as (key id, offsets, sizes) in key order; a 0-d ``step`` whole."""
     w = plan.workload
-    layout = w.restore_parallel
     restore_w = replace(w, parallel=layout)
     key_ids = {k.name: i for i, k in enumerate(plan.keys)}
     out: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
@@ -343,6 +356,8 @@ __all__ = [
     "RESTORE_PLAN_SCHEMA",
     "RestorePlan",
     "build_restore_plan",
+    "held_pieces",
+    "layout_pieces",
     "overlaps",
     "own_files_plan",
     "restore_pieces",

@@ -65,3 +65,43 @@ def test_dcp_reads_it_back_unsharded(bf16_workload: Path, tmp_path: Path) -> Non
         assert np.array_equal(got[box], want)
         seen += 1
     assert seen == 4
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "dcp"
+
+
+def test_dcp_dedups_whole_local_plans_as_the_plan_and_a_trainer(tmp_path: Path) -> None:
+    """HSDP 2x4: every rank hands DCP its whole local plan (replicas, steps, empty pieces,
+    AdamW's param group) and DCP's own dedup picks the writers: each data file holds the
+    items, in the order, that a real trainer's save of the layout put there
+    (tests/golden/dcp/hsdp2x4.json), so every chunk's writer is the plan's; the
+    .metadata (flattened as a trainer's) is within the checkpoint path's length of it."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    case = "hsdp2x4"
+    target, results = tmp_path / "t", tmp_path / "r.jsonl"
+    r = ckptbench("run", str(GOLDEN / f"{case}.toml"), "--target", str(target), "--format",
+                  "torch-dcp", "--keep", "--no-restore", "--results", str(results))
+    assert r.returncode == 0, r.stderr
+    ckpt = next(x["checkpoint"] for x in records(results) if x["type"] == "phase")
+    dcp_dir = target / ckpt / "dcp"
+    md = FileSystemReader(str(dcp_dir)).read_metadata()
+    files: dict[str, list[tuple[int, str, list[int]]]] = {}
+    spans: dict[str, list[tuple[int, str]]] = {}
+    for index, info in md.storage_data.items():
+        if isinstance(md.state_dict_metadata[index.fqn], BytesStorageMetadata):
+            spans.setdefault(info.relative_path, []).append((info.offset, index.fqn))
+        else:
+            files.setdefault(info.relative_path, []).append(
+                (info.offset, index.fqn, list(index.offset)))
+    golden = json.loads((GOLDEN / f"{case}.json").read_text())
+    assert {f: [(k, o) for _, k, o in sorted(v)] for f, v in files.items()} == {
+        f: [(i["key"], i["offsets"]) for i in items] for f, items in golden["files"].items()}
+    assert {f: [k for _, k in sorted(v)] for f, v in spans.items()} == golden["bytes_items"]
+    plan = build_plan(load_workload(GOLDEN / f"{case}.toml"))
+    writers = {(c.key, c.offsets): int(plan.file_rank[f])
+               for f in range(plan.n_files) for c in plan.iter_chunks(f)}
+    for f, items in files.items():
+        assert all(writers[(k, tuple(o))] == int(f[2:].split("_")[0]) for _, k, o in items), f
+    assert abs((dcp_dir / ".metadata").stat().st_size - golden["file_sizes"][".metadata"]) < 256

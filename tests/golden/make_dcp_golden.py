@@ -45,6 +45,9 @@ CASES: dict[str, tuple[str, int]] = {
     "fsdp2_uneven_threads2": ("fsdp2_uneven_threads2", 2),
     "fsdp2_bf16": ("fsdp2_bf16", 1),
     "hsdp": ("hsdp", 1),
+    # HSDP whose replica ties DCP's 12 optim.param_groups items decide (issue 42)
+    "hsdp2x4": ("hsdp2x4", 1),
+    "hsdp4x4": ("hsdp4x4", 1),
     "tp": ("tp", 1),
     "tp_fsdp2_uneven": ("tp_fsdp2_uneven", 1),
     # the workloads/tiny.toml layout, whose plan the issue's JSON example shows
@@ -152,7 +155,25 @@ def _apply_layout(model: nn.Module, par: dict) -> None:
         fully_shard(model, mesh=dp_mesh)
 
 
-def _worker(rank: int, world: int, port: int, workload: dict, out_dir: str, threads: int) -> None:
+def _recording_planner(plans_dir: str, rank: int) -> dcp.DefaultSavePlanner:
+    """DCP's default save planner (the one dcp.save makes when given none), writing down
+    this rank's local plan -- what it sends the coordinator, before dedup -- as
+    ``<plans_dir>/<rank>.json``: each write item's flattened key and chunk offsets (None
+    for a non-tensor item), in plan order."""
+
+    class Recording(dcp.DefaultSavePlanner):  # type: ignore[misc]
+        def create_local_plan(self):  # type: ignore[no-untyped-def]
+            plan = super().create_local_plan()
+            items = [[it.index.fqn, None if it.tensor_data is None else list(it.index.offset)]
+                     for it in plan.items]
+            Path(plans_dir, f"{rank}.json").write_text(json.dumps(items))
+            return plan
+
+    return Recording()
+
+
+def _worker(rank: int, world: int, port: int, workload: dict, out_dir: str, threads: int,
+            plans_dir: str | None = None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -170,10 +191,12 @@ def _worker(rank: int, world: int, port: int, workload: dict, out_dir: str, thre
         opt.step()
         model_sd, optim_sd = get_state_dict(model, opt)
         state = {"model": model_sd, "optim": optim_sd}
+        planner = _recording_planner(plans_dir, rank) if plans_dir else None
         if threads == 1:
-            dcp.save(state, checkpoint_id=out_dir)  # the default FileSystemWriter
+            dcp.save(state, checkpoint_id=out_dir, planner=planner)  # the default FileSystemWriter
         else:
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(out_dir, thread_count=threads))
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(out_dir, thread_count=threads),
+                     planner=planner)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -322,6 +345,46 @@ def _file_sort_key(name: str) -> tuple:
     return (1, name)
 
 
+def _check_dedup(golden: dict) -> None:
+    """torch's own dedup_save_plans, run on the recorded local plans, keeps each tensor
+    item on the rank whose file holds it (the local plans are what the coordinator got)."""
+    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    chunks = {(it["key"], tuple(it["offsets"])): it
+              for items in golden["files"].values() for it in items}
+    plans = []
+    for r in range(golden["world_size"]):
+        items = []
+        for key, offsets in golden["local_plans"][str(r)]:
+            if offsets is None:
+                items.append(WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO))
+                continue
+            t = chunks[(key, tuple(offsets))]
+            items.append(WriteItem(
+                index=MetadataIndex(key, torch.Size(offsets)), type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(torch.Size(offsets), torch.Size(t["sizes"])),
+                    properties=TensorProperties(dtype=DTYPES[t["dtype"]]),
+                    size=torch.Size(t["global_shape"]))))
+        plans.append(SavePlan(items))
+    kept = {(it.index.fqn, tuple(it.index.offset)): r
+            for r, p in enumerate(dedup_save_plans(plans)) for it in p.items if it.tensor_data}
+    written = {(it["key"], tuple(it["offsets"])): int(name[2:].split("_")[0])
+               for name, items in golden["files"].items() for it in items}
+    assert kept == written, "dedup_save_plans on the local plans disagrees with the files"
+
+
 def _check(golden: dict, ckpt_dir: Path) -> None:
     """Each tensor fully covered once; items of a file tile it without gaps or overlaps;
     every item's length is what the torch.save model above predicts."""
@@ -379,7 +442,8 @@ def _dump(golden: dict) -> str:
     head = ["schema", "torch_version", "case", "world_size"]
     for k in head:
         lines.append(f"  {c(k)}: {c(golden[k])},")
-    for section in ("files", "file_sizes", "bytes_items", "bytes_item_spans"):
+    sections = ("files", "file_sizes", "bytes_items", "bytes_item_spans", "local_plans")
+    for section in sections:
         body = golden[section]
         lines.append(f"  {c(section)}: {{")
         names = list(body)
@@ -393,7 +457,7 @@ def _dump(golden: dict) -> str:
                 lines.append(f"    ]{sep}")
             else:
                 lines.append(f"    {c(name)}: {c(val)}{sep}")
-        lines.append("  }" + ("," if section != "bytes_item_spans" else ""))
+        lines.append("  }" + ("," if section != sections[-1] else ""))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -405,15 +469,20 @@ def run_case(case: str) -> Path:
     world = workload["parallel"]["world_size"]
     tmp = Path(tempfile.mkdtemp(prefix=f"dcp_golden_{case}_"))
     try:
-        ckpt = tmp / "ckpt"
+        ckpt, plans = tmp / "ckpt", tmp / "plans"
+        plans.mkdir()
         mp.spawn(
             _worker,
-            args=(world, _free_port(), workload, str(ckpt), threads),
+            args=(world, _free_port(), workload, str(ckpt), threads, str(plans)),
             nprocs=world,
             join=True,
         )
         golden = _describe(ckpt, case, world)
+        golden["local_plans"] = {
+            str(r): json.loads((plans / f"{r}.json").read_text()) for r in range(world)
+        }
         _check(golden, ckpt)
+        _check_dedup(golden)
         out = DCP_DIR / f"{case}.json"
         out.write_text(_dump(golden))
         json.loads(out.read_text())
