@@ -143,6 +143,8 @@ def _run_options(settings: dict[str, Any], extra: dict[str, Any], fmt: str,
         if opt.field and opt.name in settings:
             name = opt.field.removeprefix("loop.")
             (loop if opt.field.startswith("loop.") else fields)[name] = settings[opt.name]
+    threads = settings["intra_op_threads"]  # auto (0) resolved by the session
+    fields.update(intra_op_threads=0 if threads == "auto" else int(threads))
     fields.update(threads=settings["threads"] or workload_threads,
                   restore_shift=settings["restore_shift"] or 0,
                   restore_plan=settings["restore_plan"], codec=settings["codec"], format=fmt)

@@ -2,14 +2,17 @@
 
 Record types (``type``):
 
-* ``run``: once, first: schema, run id, workload, options, environment.
+* ``run``: once, first: schema, run id, workload, options, environment, and the intra-op
+  threads the rank processes run (``intra_op_threads``: value, source, why).
 * ``op``: one I/O call: iteration, phase (save/restore), rank, thread, op
   (open/write/fsync/close/read/manifest/commit, the coordinator's gather and
   coordinator; formats add write_meta, encode,
   write_shard, read_shard, dcp_save, dcp_load with stored_bytes), file, bytes,
   start_ns, end_ns.
 * ``clock``: under MPI, each node's clock offset to rank 0 (before and after the run).
-* ``rank``: one rank's phase: bytes, start_ns, end_ns and seconds spent per op kind.
+* ``rank``: one rank's phase: bytes, start_ns, end_ns and seconds spent per op kind; the
+  intra-op threads its process ran with (``intra_op_threads``, runner.threads) and, where
+  its format times them (torch-dcp's load), its own ``parts``.
 * ``phase``: what the coordinator saw: commit time, cache-avoidance method, verified,
   and ``parts``: the phase's seconds by name (save: data, gather, coordinator, metadata,
   commit; restore: metadata, data), adding up to the phase's span.
@@ -140,6 +143,8 @@ class RankRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     stored_bytes: int | None = None
     backend: dict[str, int] | None = None  # backend counters (retries, ...)
+    intra_op_threads: int | None = None  # the threads its process ran with (runner.threads)
+    parts: dict[str, float] | None = None  # a format's named parts of its ops (DCP's load)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -151,6 +156,10 @@ class RankRecord:
             out["stored_bytes"] = self.stored_bytes
         if self.backend:
             out["backend"] = self.backend
+        if self.intra_op_threads is not None:
+            out["intra_op_threads"] = self.intra_op_threads
+        if self.parts is not None:
+            out["parts"] = self.parts
         return out
 
 
@@ -187,9 +196,11 @@ class RestorePhaseRecord:
     mismatched_chunks: int
     restore_shift: int
     # the restore plan: restore_plan (dcp|dlio|files), restore_world_size, restore_layout,
-    # amplification, planned_read_bytes; as measured: read_bytes, parts (name -> seconds:
-    # torch-dcp's metadata/planning/data/sync of its slowest load, else runner.parts'
-    # metadata, data), file_readers_max/median (fan-in), ...
+    # amplification, planned_read_bytes; as measured: read_bytes (payload), parts (name ->
+    # seconds: torch-dcp's metadata/planning/data/deserialise/sync of its slowest rank,
+    # else runner.parts' metadata, setup, first_byte, data), rank_parts (torch-dcp: the
+    # slowest and the median rank's, runner.phase_report.rank_parts), file_read_bytes
+    # (torch-dcp: what its reader read from its files), file_readers_max/median, ...
     extra: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

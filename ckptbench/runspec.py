@@ -29,6 +29,7 @@ from ckptbench.mlperf import CHECKPOINTS
 from ckptbench.payload import MODES as PAYLOADS
 from ckptbench.runner.options import MODES
 from ckptbench.runner.sequence import SEQUENCES
+from ckptbench.runner.threads import MAX_INTRA_OP_THREADS
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import MAX_WORKLOAD_FILE_BYTES
 from ckptbench.tierspec import DEFAULT_MEMORY_DIR, PLACEMENTS, TRANSPORTS
@@ -65,6 +66,7 @@ class RunOption:
     kind: str = "str"
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: float | None = None
     unit: str = ""  # bytes, s
     flag: str = ""  # default: --name-with-dashes
     field: str = ""
@@ -123,7 +125,19 @@ def _number(option: RunOption, value: Any, integer: bool) -> Any:
         return _BAD
     if option.minimum is not None and value < option.minimum:  # nan, inf: the user's checks
         return _BAD
+    if option.maximum is not None and value > option.maximum:
+        return _BAD
     return value
+
+
+def _integer(option: RunOption, value: Any) -> Any:
+    """An integer; as text too where the option also takes words (its flag is text)."""
+    if isinstance(value, str) and option.words:
+        text = value.strip()
+        if not text.lstrip("+-").isdigit() or not text.isascii():
+            return _BAD
+        value = int(text)
+    return _number(option, value, integer=True)
 
 
 def _amount(option: RunOption, value: Any, where: str) -> Any:
@@ -146,7 +160,7 @@ def _ranks(value: Any) -> Any:
 
 _PARSERS: dict[str, Any] = {
     "str": lambda o, v, w: v if isinstance(v, str) else _BAD,
-    "int": lambda o, v, w: _number(o, v, integer=True),
+    "int": lambda o, v, w: _integer(o, v),
     "float": lambda o, v, w: _number(o, v, integer=False) if _number(o, v, False) is _BAD
     else float(v),
     "bool": lambda o, v, w: v if isinstance(v, bool) else _BAD,
@@ -158,12 +172,13 @@ _PARSERS: dict[str, Any] = {
 
 
 def _at_least(o: RunOption) -> str:
-    return "" if o.minimum is None else f", {o.minimum:g} or more"
+    return ("" if o.minimum is None else f", {o.minimum:g} or more") + (
+        "" if o.maximum is None else f", at most {o.maximum:g}")
 
 
 _RULES: dict[str, Any] = {
     "str": lambda o: "a string",
-    "int": lambda o: "an integer" + _at_least(o),
+    "int": lambda o: "an integer" + _at_least(o) + "".join(f", or {w}" for w, _ in o.words),
     "float": lambda o: "a number" + _at_least(o),
     "bool": lambda o: "true or false",
     "size": lambda o: "a size (bytes, or e.g. '8MiB')" + "".join(f", {w}" for w, _ in o.words),
@@ -217,6 +232,11 @@ def _options() -> tuple[RunOption, ...]:
           per_command=tuple(_COUNTS.items()), field="iterations"),
         o("threads", "I/O threads per rank [default: the workload's checkpoint.threads].",
           "io", ("run", "restore", "sweep"), None, "int", minimum=1),
+        o("intra_op_threads", "torch's intra-op threads per rank process (torch.set_num_threads, "
+          "OMP_NUM_THREADS), recorded per rank; auto: as torchrun, 1 when a node runs several "
+          "processes, else the process's cores. raw and zarr ignore it.", "io",
+          ("run", "restore"), "auto", "int", minimum=1, maximum=MAX_INTRA_OP_THREADS,
+          words=(("auto", "auto"),)),
         o("block_size", "Bytes per write/read call.", "io", measured, "8MiB", "size",
           unit="bytes", field="block_size"),
         o("prefill", "Payload generated per rank before the clock starts (bounds memory).",

@@ -56,11 +56,13 @@ def _click_option(opt: runspec.RunOption, command: str) -> F:
     if opt.kind == "bool":
         return click.option(opt.cli_flag, opt.name, cls=GroupedOption, group=opt.group,
                             is_flag=True, default=False, help=text)
-    kind: Any = {"int": int if opt.minimum is None else click.IntRange(min=int(opt.minimum)),
+    kind: Any = {"int": str if opt.words else int if opt.minimum is None else click.IntRange(
+        min=int(opt.minimum), max=None if opt.maximum is None else int(opt.maximum)),
                  "float": float, "choice": click.Choice(opt.choices)}.get(opt.kind, str)
     return click.option(opt.cli_flag, opt.name, cls=GroupedOption, group=opt.group,
                         type=kind, default=None, help=text,
-                        metavar=_METAVARS.get(opt.kind))
+                        metavar="|".join(["N", *(w for w, _ in opt.words)])
+                        if opt.kind == "int" and opt.words else _METAVARS.get(opt.kind))
 
 
 def run_options(command: str) -> Callable[[F], F]:

@@ -11,14 +11,29 @@ replicated state by every holder.
 
 Timed: one ``dcp_load`` op per restore rank. Its bytes are the payload of the saved
 chunks in DCP's own final load plan (looked up in DCP's ``.metadata``, not in ckptbench's
-plan); ``container_bytes`` what DCP read of its files for them (torch.save containers).
-Its ``parts`` come from DCP's calls into its reader, in seconds:
+plan). Beside them: ``container_bytes``, the lengths of those items in DCP's files as its
+``.metadata`` records them (each a torch.save container: the payload and its archive
+records), which is not what was read; ``file_read_bytes``, the bytes DCP's reader
+pulled from its files while loading them, and ``file_reads``, those reads. For a local
+file they are the OS reads beneath the buffered stream DCP reads through (the reader's
+streams stand on a buffer like ``open()``'s, over the file, their reads timed and
+counted): torch.load seeks back to each item's archive head and on to its tail around
+its data, and each seek refills the buffer, so more than the payload is read. For any
+other stream (fsspec's), its ``read()``/``readinto()`` calls. Its ``parts`` come from
+DCP's calls into its reader and from those reads, in seconds:
 
-metadata  reading and unpickling ``.metadata`` (``read_metadata``)
-planning  the local load plans, the coordinator's global plan and its scatter: DCP's
-          load-side counterpart of the save's coordinator (up to ``read_data``)
-data      reading every item and deserialising it (``torch.load``) into the pieces
-sync      waiting for the other ranks to finish (DCP's closing all_gather)
+metadata     reading and unpickling ``.metadata`` (``read_metadata``)
+planning     the local load plans, the coordinator's global plan and its scatter: DCP's
+             load-side counterpart of the save's coordinator (up to ``read_data``)
+data         the reads of DCP's files inside ``read_data`` (as ``file_reads`` counts them)
+deserialise  the rest of ``read_data``: ``torch.load`` of each item (unpickling, storage
+             set-up, the copies out of the stream's buffer), narrowing it to the piece,
+             copying it in (torch's intra-op threads: runner.threads)
+sync         waiting for the other ranks to finish (DCP's closing all_gather)
+
+They add up to the op's seconds. A reader that is not DCP's ``FileSystemReader`` (or one
+of its subclasses) has no streams to time: no ``deserialise``, and its ``data`` is the
+whole ``read_data``.
 
 Verified after the clock: each saved chunk read is regenerated, its digest checked
 against the manifest's, and its overlap with the piece compared byte for byte.
@@ -26,9 +41,12 @@ against the manifest's, and its overlap with the piece compared byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import math
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,7 +60,7 @@ from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
 from ckptbench.plan import Plan
 
-PARTS = ("metadata", "planning", "data", "sync")
+PARTS = ("metadata", "planning", "data", "deserialise", "sync")
 
 
 def check_load_processes(plan: Plan, groups: list[list[int]], shift: int) -> None:
@@ -83,19 +101,125 @@ def load_group(group: Any, hosting: bool, problem: BaseException | None,
     return made[idx], False
 
 
+class _TimedRaw(io.RawIOBase):
+    """The OS file under a buffered stream of DCP's reader, its reads timed and counted: the
+    same buffering as the stream it stands in for (``open(path, "rb")``'s)."""
+
+    def __init__(self, raw: Any, owner: TimedReader) -> None:
+        super().__init__()
+        self._raw = raw
+        self._owner = owner
+
+    def readinto(self, b: Any) -> Any:
+        t0 = now()
+        n = self._raw.readinto(b)
+        self._owner.pulled(t0, n or 0)
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return bool(self._raw.seekable())
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._raw.seek(pos, whence))
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+
+class _TimedStream:
+    """A file stream of DCP's reader that is not a local file (fsspec's): its read() and
+    readinto() calls timed and counted."""
+
+    def __init__(self, stream: Any, owner: TimedReader) -> None:
+        self._stream = stream
+        self._owner = owner
+
+    def read(self, size: int = -1) -> Any:
+        t0 = now()
+        data = self._stream.read(size)
+        self._owner.pulled(t0, len(data) if data is not None else 0)
+        return data
+
+    def readinto(self, b: Any) -> Any:
+        t0 = now()
+        n = self._stream.readinto(b)
+        self._owner.pulled(t0, n or 0)
+        return n
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._stream.seek(pos, whence))
+
+    def tell(self) -> int:
+        return int(self._stream.tell())
+
+    def seekable(self) -> bool:
+        return bool(self._stream.seekable())
+
+    def readable(self) -> bool:
+        return bool(self._stream.readable())
+
+
+def _buffer_size(raw: Any) -> int:
+    """The buffer ``open()`` gives a file: its block size, else io.DEFAULT_BUFFER_SIZE."""
+    try:
+        size = os.fstat(raw.fileno()).st_blksize
+    except (OSError, AttributeError, ValueError):
+        return io.DEFAULT_BUFFER_SIZE
+    return int(size) if size > 1 else io.DEFAULT_BUFFER_SIZE
+
+
+def timed_stream(stream: Any, owner: TimedReader) -> Any:
+    """`stream` with its reads timed where they happen: a local file's OS reads beneath a
+    buffer like its own, any other stream's read() calls."""
+    if isinstance(stream, io.BufferedReader) and isinstance(stream.raw, io.FileIO):
+        return io.BufferedReader(_TimedRaw(stream.raw, owner), _buffer_size(stream.raw))
+    return _TimedStream(stream, owner)
+
+
 class TimedReader:
-    """Times one ``dcp.load`` by DCP's calls into its storage reader (wrapped in place),
+    """Times one ``dcp.load`` by DCP's calls into its storage reader (wrapped in place) and
+    the reads of the file streams it opens (its ``fs.create_stream``, wrapped in place),
     and counts the bytes of the items its final plan reads."""
 
     def __init__(self, reader: Any) -> None:
         self.reader = reader
         self.marks: dict[str, int] = {}
         self.read_bytes = 0  # payload of the saved chunks read (DCP reads each whole)
-        self.container_bytes = 0  # bytes of DCP's files read for them
+        self.container_bytes = 0  # their lengths in DCP's files (as .metadata records)
+        self.file_read_bytes = 0  # bytes read from DCP's files (the OS reads, local files)
+        self.file_reads = 0
+        self.read_ns = 0  # in those reads
+        self.streams = False  # the reader's file streams are timed
         self.items = 0
+        self._loading = False
         self._read: tuple[Any, ...] = ()
         for name in ("read_metadata", "read_data"):
             setattr(reader, name, self._timed(name, getattr(reader, name)))
+        from torch.distributed.checkpoint import FileSystemReader
+
+        if isinstance(reader, FileSystemReader):  # FsspecReader too: streams of reader.fs
+            reader.fs.create_stream = self._streams(reader.fs.create_stream)
+            self.streams = True
+
+    def _streams(self, create: Any) -> Any:
+        @functools.wraps(create)
+        @contextlib.contextmanager
+        def create_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            with create(*args, **kwargs) as stream:
+                yield timed_stream(stream, self) if self._loading else stream
+        return create_stream
+
+    def pulled(self, t0: int, n: int) -> None:
+        """A read of `n` bytes that started at `t0` ended now."""
+        self.read_ns += now() - t0
+        self.file_read_bytes += n
+        self.file_reads += 1
 
     def _timed(self, name: str, fn: Any) -> Any:
         @functools.wraps(fn)
@@ -103,9 +227,11 @@ class TimedReader:
             self.marks.setdefault(f"{name}_start", now())
             if name == "read_data":
                 self._read = args
+                self._loading = True
             try:
                 return fn(*args, **kwargs)
             finally:
+                self._loading = False
                 self.marks[f"{name}_end"] = now()
         return timed
 
@@ -134,13 +260,26 @@ class TimedReader:
             self.read_bytes += sizes.get(key, 0)
 
     def parts(self, t0: int, t1: int) -> dict[str, float]:
-        """Seconds of each part of the load that ran from `t0` to `t1` (they add up)."""
+        """Seconds of each part of the load that ran from `t0` to `t1` (they add up);
+        without timed streams, no ``deserialise`` (``data`` is all of ``read_data``)."""
         m = self.marks
         meta = m.get("read_metadata_end", t1)
         start = max(meta, m.get("read_data_start", t1))
         end = max(start, m.get("read_data_end", t1))
-        bounds = [t0, meta, start, end, max(end, t1)]
-        return {p: (bounds[k + 1] - bounds[k]) / 1e9 for k, p in enumerate(PARTS)}
+        reads = min(self.read_ns, end - start) if self.streams else end - start
+        bounds = [t0, meta, start, start + reads, end, max(end, t1)]
+        out = {p: (bounds[k + 1] - bounds[k]) / 1e9 for k, p in enumerate(PARTS)}
+        if not self.streams:
+            del out["deserialise"]
+        return out
+
+    def extra(self, t0: int, t1: int) -> dict[str, Any]:
+        """What the ``dcp_load`` op records beside its payload bytes (after count())."""
+        out: dict[str, Any] = {"container_bytes": self.container_bytes, "read_items": self.items}
+        if self.streams:
+            out.update(file_read_bytes=self.file_read_bytes, file_reads=self.file_reads)
+        out["parts"] = self.parts(t0, t1)
+        return out
 
 
 def allocate_pieces(plan: Plan, pieces: list[tuple[int, tuple[int, ...], tuple[int, ...]]]

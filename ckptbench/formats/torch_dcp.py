@@ -536,8 +536,7 @@ class TorchDcpFormat(FormatBase):
         b = now()
         reader.count()
         res.op("dcp_load", jobs[0].index if jobs else 0, reader.read_bytes, a, b,
-               {"object": f"{DCP_DIR}/", "container_bytes": reader.container_bytes,
-                "read_items": reader.items, "parts": reader.parts(a, b)}, rank=ranks[0])
+               {"object": f"{DCP_DIR}/", **reader.extra(a, b)}, rank=ranks[0])
         self.progress(reader.read_bytes)
         if res.error is None:
             res.mismatches = verify_pieces(self.plan, self.gen, jobs, held, manifest.files,

@@ -16,7 +16,7 @@ from ckptbench.units import format_size
 
 # Facet order in tables and labels: what people vary most often first.
 ORDER = ("workload", "mode", "backend", "io", "format", "codec", "ranks", "scale", "payload", "threads",
-         "block", "prefill", "cache", "shift", "seed", "launcher", "fs", "device", "host")
+         "intra-op", "block", "prefill", "cache", "shift", "seed", "launcher", "fs", "device", "host")
 
 
 def facets(run: dict[str, Any]) -> dict[str, str]:
@@ -38,6 +38,7 @@ def facets(run: dict[str, Any]) -> dict[str, str]:
         "scale": run.get("scale"),
         "payload": opts.get("payload"),
         "threads": opts.get("threads"),
+        "intra-op": opts.get("intra_op_threads") or None,  # runner.threads (0: not resolved)
         "block": format_size(opts["block_size"]) if "block_size" in opts else None,
         "prefill": format_size(opts["prefill_bytes"]) if "prefill_bytes" in opts else None,
         "cache": opts.get("cache"),
@@ -65,11 +66,11 @@ NAMES = {"s3": "S3", "local": "local", "fsspec": "fsspec", "memory": "memory", "
 # How a facet's value reads in a label ({} the value; the value alone where it says what
 # it is).
 PHRASES = {"ranks": "ranks {}", "scale": "scale 1/{}", "payload": "{} payload",
-           "threads": "{} threads", "block": "{} blocks", "prefill": "prefill {}",
+           "threads": "{} threads", "intra-op": "{} intra-op threads", "block": "{} blocks", "prefill": "prefill {}",
            "cache": "cache {}", "shift": "restore shift {}", "seed": "seed {}",
            "launcher": "{} launcher", "device": "device {}", "host": "host {}"}
 SPECIAL = {("io", "direct"): "O_DIRECT", ("codec", "none"): "no codec",
-           ("threads", "1"): "1 thread"}
+           ("threads", "1"): "1 thread", ("intra-op", "1"): "1 intra-op thread"}
 
 
 def backend_name(f: dict[str, str]) -> str:

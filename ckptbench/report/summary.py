@@ -96,8 +96,20 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             **stored_stats(rs, seconds),
             **restore_stats(phase_rec, manifest.get(key, [])),
             **({"parts": phase_rec["parts"]} if isinstance(phase_rec.get("parts"), dict) else {}),
+            **({"rank_parts": phase_rec["rank_parts"]}
+               if isinstance(phase_rec.get("rank_parts"), dict) else {}),
+            **({"file_read_bytes": phase_rec["file_read_bytes"]}
+               if isinstance(phase_rec.get("file_read_bytes"), int) else {}),
+            **threads_stats(rs),
         })
     return out
+
+
+def threads_stats(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The intra-op threads the ranks' processes ran with (runner.threads), lowest and
+    highest; nothing for results written before they were recorded."""
+    values = [r["intra_op_threads"] for r in ranks if isinstance(r.get("intra_op_threads"), int)]
+    return {"intra_op_threads": {"min": min(values), "max": max(values)}} if values else {}
 
 
 RESTORE_FIELDS = ("restore_plan", "restore_world_size", "restore_layout", "restore_ranks",
@@ -183,8 +195,39 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **({"manifest_s": statistics.median(i["manifest_s"] for i in sel)}
                if "manifest_s" in sel[0] else {}),
             **parts_summary(sel),
+            **rank_parts_summary(sel),
+            **({"file_read_bytes": statistics.median(i["file_read_bytes"] for i in sel)}
+               if all("file_read_bytes" in i for i in sel) else {}),
+            **threads_summary(sel),
         })
     return out
+
+
+def rank_parts_summary(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """A format's parts of two ranks (runner.phase_report.rank_parts: the slowest rank,
+    the one the others waited for, and the median rank): per part the median over the
+    iterations, and the rank of each iteration."""
+    given = [i["rank_parts"] for i in sel if isinstance(i.get("rank_parts"), dict)]
+    out: dict[str, Any] = {}
+    for which in ("slowest", "median"):
+        picked = [g[which] for g in given if isinstance(g.get(which), dict)]
+        parts = [p["parts"] for p in picked if isinstance(p.get("parts"), dict)]
+        if not parts:
+            continue
+        names = list(dict.fromkeys(k for p in parts for k in p))
+        out[which] = {"ranks": [p.get("rank") for p in picked],
+                      "parts": {k: statistics.median(p.get(k, 0.0) for p in parts)
+                                for k in names}}
+    return {"rank_parts": out} if out else {}
+
+
+def threads_summary(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """The intra-op threads of the phase's ranks over the iterations (lowest, highest)."""
+    given = [i["intra_op_threads"] for i in sel if isinstance(i.get("intra_op_threads"), dict)]
+    if not given:
+        return {}
+    return {"intra_op_threads": {"min": min(g["min"] for g in given),
+                                 "max": max(g["max"] for g in given)}}
 
 
 def parts_summary(sel: list[dict[str, Any]]) -> dict[str, Any]:

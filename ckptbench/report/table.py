@@ -118,15 +118,45 @@ def unverified(run: dict[str, Any]) -> bool:
     return (run.get("options") or {}).get("verify") is False
 
 
+def torch_run(run: dict[str, Any]) -> bool:
+    """The run's format runs torch in its ranks (torch-dcp, torch-save): its times depend
+    on torch's intra-op threads (runner.threads)."""
+    return str((run.get("options") or {}).get("format", "raw")).startswith("torch")
+
+
+def threads_cell(run: dict[str, Any], s: dict[str, Any]) -> str:
+    """The intra-op threads a phase's ranks ran with ('1', '1-2'), for a torch format's
+    run; '-' for the others (they ignore it) and for results that did not record it."""
+    t = s.get("intra_op_threads")
+    if not torch_run(run) or not isinstance(t, dict):
+        return "-"
+    lo, hi = t.get("min"), t.get("max")
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def threads_note(name: str, run: dict[str, Any]) -> str | None:
+    """How a torch format's run set its intra-op threads (the run record's why)."""
+    t = run.get("intra_op_threads")
+    if not torch_run(run) or not isinstance(t, dict) or "value" not in t:
+        return None
+    return (f"{name + ': ' if name else ''}intra-op threads: {t['value']} per rank process "
+            f"({t.get('why', t.get('source', '?'))}); torch's CPU work in a load or save "
+            "(torch.load, copies) runs on them: --intra-op-threads sets them.")
+
+
 def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
-    """One row per run and phase, with the options that differ between runs as columns."""
+    """One row per run and phase, with the options that differ between runs as columns;
+    runs of a torch format show the intra-op threads their ranks ran with."""
     runs = [r["run"] for r in loaded]
     keys = compare.differing(runs)
     several = len(loaded) > 1
+    threads = any(torch_run(r) for r in runs) and any(
+        isinstance(s.get("intra_op_threads"), dict) for res in loaded for s in res["summary"])
     cols = ([Column("run", key=True, numeric=False)] if several else []) + \
         [Column(k, numeric=False) for k in keys] + [
         Column("phase", key=True, numeric=False), Column("iters"), Column("GiB"),
-        Column("s", "med"), Column("throughput\nGB/s", "med"), Column("GB/s", "min-max"),
+        Column("s", "med"), *([Column("intra-op\nthreads")] if threads else []),
+        Column("throughput\nGB/s", "med"), Column("GB/s", "min-max"),
         Column("min rank\nGB/s", "worst"), Column("slowest\nrank", "worst"),
         Column("slowest\nrank s", "worst"), Column("gap s", "med"), Column("op", numeric=False),
         Column("p50 ms", "all"), Column("p99 ms", "all"), Column("cache", numeric=False)]
@@ -142,7 +172,9 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
             cache = s.get("cache") or "-"
             phase = f"{s['phase']} UNVERIFIED" if flag and s["phase"] == "restore" else s["phase"]
             rows.append((*lead, phase, str(s["iterations"]), f"{s['bytes'] / 2**30:.3f}",
-                         f"{s['seconds']:.3f}", gbps(s["throughput_bytes_per_s"]),
+                         f"{s['seconds']:.3f}",
+                         *([threads_cell(res["run"], s)] if threads else []),
+                         gbps(s["throughput_bytes_per_s"]),
                          f"{gbps(s['throughput_min'])}-{gbps(s['throughput_max'])}",
                          gbps(s["rank_throughput_min_bytes_per_s"]), rank_id, f"{rank_s:.3f}",
                          f"{s['first_to_last_gap_s_median']:.3f}", op,
@@ -153,6 +185,8 @@ def summary_grid(loaded: Sequence[dict[str, Any]]) -> Grid:
     for name, res in zip(_run_names(loaded), loaded, strict=True):
         notes += [f"{name + ': ' if name else ''}{line}"
                   for line in throughput.headlines(res["summary"])]
+    notes += [line for name, res in zip(_run_names(loaded), loaded, strict=True)
+              if (line := threads_note(name, res["run"])) is not None]
     notes += [f"{throughput.NOTE} min rank GB/s: a rank's bytes over its own span. {legend}."]
     notes += [f"UNVERIFIED {name + ' ' if name else ''}restore: its bytes were not checked "
               "(--no-verify, a diagnostic): not a restore a job could rely on"
@@ -229,34 +263,75 @@ PART_NOTES = {
     "first_byte": "restore: the first data read's wait (on a store, the first GET's bytes "
                   "arriving; the last rank's)",
 }
+# torch-dcp's load (formats.dcp_load), one rank's: where its parts differ from the above
+DCP_PART_NOTES = {
+    "metadata": "DCP's .metadata read and unpickled",
+    "planning": "DCP's local and global load plans and their scatter",
+    "data": "the reads of DCP's files (the OS reads beneath its buffered streams, timed)",
+    "deserialise": "the rest of reading the items: torch.load, narrowing, copies into the "
+                   "pieces (on torch's intra-op threads)",
+    "sync": "waiting for the other ranks (DCP's closing all_gather)",
+}
+
+
+def _rank_rows(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, parts) of a summary's rows: the phase's parts, or for a format that timed
+    its ranks' parts (torch-dcp's load) the slowest rank's and the median rank's."""
+    given = s.get("rank_parts")
+    if not isinstance(given, dict) or not given:
+        return [(s["phase"], s.get("parts"))]
+    out = []
+    for which in ("slowest", "median"):
+        r = given.get(which)
+        if isinstance(r, dict):
+            ranks = sorted({str(x) for x in r.get("ranks") or []}, key=lambda x: (len(x), x))
+            out.append((f"{s['phase']}: {which} rank {','.join(ranks) or '?'}", r.get("parts")))
+    return out
 
 
 def parts_grid(loaded: Sequence[dict[str, Any]]) -> Grid | None:
     """Each phase's median seconds by named part and their share of the phase (None when
-    no run recorded parts)."""
+    no run recorded parts); a torch-dcp restore's as two rows, its slowest rank's (the
+    one the others waited for) and its median rank's, with their intra-op threads."""
     several = len(loaded) > 1
-    names = list(dict.fromkeys(k for res in loaded for s in res["summary"]
-                               if isinstance(s.get("parts"), dict) for k in s["parts"]))
+    rows_of = [(name, res, label, given) for name, res in zip(_run_names(loaded), loaded,
+                                                              strict=True)
+               for s in res["summary"] for label, given in _rank_rows(s)]
+    names = list(dict.fromkeys(k for *_, given in rows_of if isinstance(given, dict)
+                               for k in given))
+    dcp = any("rank_parts" in s for res in loaded for s in res["summary"])
     rows = []
-    for name, res in zip(_run_names(loaded), loaded, strict=True):
-        for s in res["summary"]:
-            given = s.get("parts")
-            parts = {k: float(v) for k, v in given.items() if isinstance(v, int | float)
-                     and not isinstance(v, bool)} if isinstance(given, dict) else {}
-            if not parts:  # none recorded (or none a number: a results file altered)
-                continue
-            total = sum(parts.values()) or 1.0
-            cells = [f"{parts[k]:.3f} ({100 * parts[k] / total:.0f}%)" if k in parts else "-"
-                     for k in names]
-            rows.append(((name,) if several else ()) + (s["phase"], *cells))
+    for name, res, label, given in rows_of:
+        parts = {k: float(v) for k, v in given.items() if isinstance(v, int | float)
+                 and not isinstance(v, bool)} if isinstance(given, dict) else {}
+        if not parts:  # none recorded (or none a number: a results file altered)
+            continue
+        total = sum(parts.values()) or 1.0
+        cells = [f"{parts[k]:.3f} ({100 * parts[k] / total:.0f}%)" if k in parts else "-"
+                 for k in names]
+        phase = label.split(":")[0]
+        s = next(x for x in res["summary"] if x["phase"] == phase)
+        rows.append(((name,) if several else ()) + (
+            label, *([threads_cell(res["run"], s)] if dcp else []), *cells))
     if not rows:
         return None
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
-        Column("phase", key=True, numeric=False), *(Column(f"{k} s", "med") for k in names)]
-    notes = ("Where each phase's seconds went (they add up to the phase's seconds; the share "
-             "in brackets): " + "; ".join(f"{k}: {PART_NOTES[k]}" for k in names
-                                          if k in PART_NOTES) + ".",)
-    return Grid("the phases in parts", tuple(cols), tuple(rows), notes)
+        Column("phase", key=True, numeric=False),
+        *([Column("intra-op\nthreads")] if dcp else []),
+        *(Column(f"{k} s", "med") for k in names)]
+    plain = [k for k in dict.fromkeys(k for _, _, label, given in rows_of
+                                      if ": " not in label and isinstance(given, dict)
+                                      for k in given) if k in PART_NOTES]
+    notes = ["Where each phase's seconds went (they add up to the phase's seconds; the share "
+             "in brackets): " + "; ".join(f"{k}: {PART_NOTES[k]}" for k in plain) + "."
+             ] if plain else []
+    if dcp:
+        notes.append("torch-dcp restore: one rank's dcp.load in parts (they add up to its "
+                     "load's seconds): " + "; ".join(f"{k}: {v}" for k, v in
+                                                    DCP_PART_NOTES.items() if k in names)
+                     + ". slowest rank: the one whose own work (all but sync) ended last, "
+                     "which the others waited for; median rank: the median of that work.")
+    return Grid("the phases in parts", tuple(cols), tuple(rows), tuple(notes))
 
 
 def _s(x: float | None) -> str:

@@ -69,6 +69,7 @@ from ckptbench.records import (
     RestorePhaseRecord,
     SavePhaseRecord,
 )
+from ckptbench.runner import threads
 from ckptbench.runner.cleanup import RunNames, record_dir, remove_checkpoint, run_names
 from ckptbench.runner.comm import Comm
 from ckptbench.runner.decision import Decision, agree
@@ -98,7 +99,18 @@ def run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backen
                    watch: StallWatch | None = None, names: RunNames | None = None) -> None:
     """Run every iteration; raise RunFailed (on every process) when one fails. With a
     `watch`, this process's saves and restores are watched for stalls (runner.stall).
-    `names`: what the run writes (process 0 deletes by them; default one plan rank each)."""
+    `names`: what the run writes (process 0 deletes by them; default one plan rank each).
+    The process runs the options' intra-op threads throughout (runner.threads), set before
+    the format opens."""
+    with threads.applied(options.intra_op_threads, options.format):
+        _run_iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress,
+                        watch, names)
+
+
+def _run_iterations(plan: Plan, my_ranks: list[int], all_ranks: list[int], backend: Backend,
+                    comm: Comm, options: RunOptions, sink: RecordSink | None,
+                    progress: Callable[[int], None] | None, watch: StallWatch | None,
+                    names: RunNames | None) -> None:
     run = Iterations(plan, my_ranks, all_ranks, backend, comm, options, sink, progress, watch,
                      names)
     if options.tier_plan is not None and options.mode == "sync":  # tiers (runner.tiers)

@@ -14,6 +14,7 @@ from ckptbench.formats.base import FormatOptions
 from ckptbench.plan import Plan
 from ckptbench.plan.tiers import TierPlan
 from ckptbench.runner.sequence import RunSequence, check_sequence
+from ckptbench.runner.threads import MAX_INTRA_OP_THREADS
 from ckptbench.runner.training import KERNELS
 from ckptbench.spec import Workload
 from ckptbench.tierspec import TiersSpec
@@ -121,8 +122,14 @@ class RunOptions:
     sequence: RunSequence = "interleaved"  # or writes-then-reads (runner.sequence)
     tiers: TiersSpec = field(default_factory=TiersSpec)  # recovery tiers (runner.tiers)
     tier_plan: TierPlan | None = None  # placed by the session once the hosts are known
+    # torch's intra-op threads per rank process (runner.threads); 0: auto, which the
+    # session resolves once it knows how many processes each node runs
+    intra_op_threads: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.intra_op_threads <= MAX_INTRA_OP_THREADS:
+            raise SpecError(f"--intra-op-threads {self.intra_op_threads} is not allowed; "
+                            f"allowed: 1 to {MAX_INTRA_OP_THREADS}, or auto")
         if self.mode not in MODES:
             raise SpecError(f"--mode {self.mode!r} is not allowed; allowed: {', '.join(MODES)}")
         if self.tiers.enabled:

@@ -17,6 +17,7 @@ from ckptbench.errors import BackendError, describe_error
 from ckptbench.formats.base import FileJob, ThreadResult, TimedOp
 from ckptbench.plan import Plan
 from ckptbench.records import OpRecord, RankRecord, Record
+from ckptbench.runner import threads
 from ckptbench.runner.comm import Comm
 
 OP_KINDS = ("open", "write", "fsync", "close", "read")
@@ -44,6 +45,7 @@ class PhaseReport:
     manifest: tuple[int, int] | None = None  # reading the manifest (restore), clock-shifted
     objects: dict[str, int] | None = None  # metadata objects written and their digests
     entries: bytes | None = None  # a save's manifest entries of this process's files, encoded
+    intra_op_threads: int | None = None  # what the process ran with (runner.threads)
 
 
 def phase_report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
@@ -56,7 +58,8 @@ def phase_report(results: list[ThreadResult], jobs: list[FileJob], comm: Comm,
     return PhaseReport(ops, {f: d for r in results for f, d in r.digests.items()},
                        [m for r in results for m in r.mismatches],
                        describe_error(error) if error else None, comm.host(), backend_stats,
-                       objects={k: d for r in results for k, d in r.objects.items()})
+                       objects={k: d for r in results for k, d in r.objects.items()},
+                       intra_op_threads=threads.in_effect())
 
 
 def phase_records(plan: Plan, iteration: int, phase: str,
@@ -74,7 +77,8 @@ def phase_records(plan: Plan, iteration: int, phase: str,
             if rec is None:
                 rec = per_rank[rop.rank] = RankRecord(
                     iteration, phase, rop.rank, proc, report.host, start_ns=a, end_ns=b,
-                    seconds=dict.fromkeys(OP_KINDS, 0.0))
+                    seconds=dict.fromkeys(OP_KINDS, 0.0),
+                    intra_op_threads=report.intra_op_threads)
             rec.bytes += o.nbytes
             rec.ops += 1
             rec.start_ns = min(rec.start_ns, a)
@@ -82,6 +86,10 @@ def phase_records(plan: Plan, iteration: int, phase: str,
             rec.seconds[o.op] = rec.seconds.get(o.op, 0.0) + (b - a) / 1e9
             if o.extra and "stored_bytes" in o.extra:
                 rec.stored_bytes = (rec.stored_bytes or 0) + o.extra["stored_bytes"]
+            if o.extra and isinstance(o.extra.get("parts"), dict):  # a format's own parts
+                rec.parts = rec.parts or {}
+                for k, v in o.extra["parts"].items():
+                    rec.parts[k] = rec.parts.get(k, 0.0) + v
     for report in gathered:  # backend counters (retries...) go to the process's first rank
         ranks_of_proc = sorted({rop.rank for rop in report.ops})
         if ranks_of_proc and report.backend_stats:
@@ -91,15 +99,54 @@ def phase_records(plan: Plan, iteration: int, phase: str,
 
 
 def measured_facts(gathered: list[PhaseReport]) -> dict[str, Any]:
-    """The payload bytes the restore's ops read, and the named parts (seconds) of the
-    longest op that names them (DCP's load: metadata, planning, data, sync)."""
-    ops = [rop.op for report in gathered for rop in report.ops]
-    out: dict[str, Any] = {"read_bytes": sum(o.nbytes for o in ops)}
-    parted = [(o.end_ns - o.start_ns, o.extra["parts"]) for o in ops
-              if o.extra and "parts" in o.extra]
-    if parted:
-        out["parts"] = dict(max(parted, key=lambda p: p[0])[1])
+    """The payload bytes the restore's ops read and, where a format's ops name parts (DCP's
+    load: metadata, planning, data, deserialise, sync), the parts of two ranks
+    (:func:`rank_parts`): ``parts`` the slowest rank's, ``rank_parts`` the slowest and the
+    median rank's with their ids; the bytes its reader read from its files
+    (``file_read_bytes``), where recorded."""
+    rops = [rop for report in gathered for rop in report.ops]
+    out: dict[str, Any] = {"read_bytes": sum(rop.op.nbytes for rop in rops)}
+    pulled = [rop.op.extra["file_read_bytes"] for rop in rops
+              if rop.op.extra and isinstance(rop.op.extra.get("file_read_bytes"), int)]
+    if pulled:
+        out["file_read_bytes"] = sum(pulled)
+    chosen = rank_parts(rops)
+    if chosen:
+        out["parts"] = dict(chosen["slowest"]["parts"])
+        out["rank_parts"] = chosen
     return out
+
+
+def rank_parts(rops: list[RankOp]) -> dict[str, dict[str, Any]]:
+    """{"slowest": {"rank", "seconds", "parts"}, "median": {...}} of the ops that name
+    parts, one per rank (summed where a rank has several). Slowest: the rank whose own
+    work (everything but ``sync``, the wait for the others) ended last, the one every
+    other rank waited for; median: the rank with the median own-work seconds (the lower
+    one of an even count). Not the op that spans longest: with DCP's closing all_gather
+    that is the rank that started first, mostly waiting."""
+    per: dict[int, dict[str, Any]] = {}
+    for rop in rops:
+        o = rop.op
+        if not (o.extra and isinstance(o.extra.get("parts"), dict)):
+            continue
+        mine = per.setdefault(rop.rank, {"rank": rop.rank, "seconds": 0.0, "parts": {},
+                                         "end_ns": o.end_ns})
+        mine["seconds"] += (o.end_ns - o.start_ns) / 1e9
+        mine["end_ns"] = max(mine["end_ns"], o.end_ns)
+        for k, v in o.extra["parts"].items():
+            mine["parts"][k] = mine["parts"].get(k, 0.0) + float(v)
+    if not per:
+        return {}
+
+    def own(r: dict[str, Any]) -> float:
+        return float(r["seconds"] - r["parts"].get("sync", 0.0))
+
+    slowest = max(per.values(), key=lambda r: (r["end_ns"] - r["parts"].get("sync", 0.0) * 1e9,
+                                               r["rank"]))
+    ordered = sorted(per.values(), key=lambda r: (own(r), r["rank"]))
+    median = ordered[(len(ordered) - 1) // 2]
+    return {name: {"rank": r["rank"], "seconds": r["seconds"], "parts": r["parts"]}
+            for name, r in (("slowest", slowest), ("median", median))}
 
 
 def fan_in(gathered: list[PhaseReport]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from ckptbench.plan.export import restore_summary
 from ckptbench.plan.export import summary as plan_summary
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.records import SCHEMA, ClockRecord, ErrorRecord, JsonlSink, environment
+from ckptbench.runner import threads
 from ckptbench.runner.cleanup import (
     PROBE,
     RUN_DIR,
@@ -356,8 +357,10 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
     shift = restore_shift(req, topo, launcher.kind)
     if req.options.uses_restore_plan:
         format_class(req.options.format).check_restore(req.plan, topo.groups, shift["value"])
+    intra_op = threads.resolve(req.options.intra_op_threads, topo.hosts)
     req = replace(req, options=replace(req.options, run_id=topo.run_id,
-                                       restore_shift=shift["value"]))
+                                       restore_shift=shift["value"],
+                                       intra_op_threads=intra_op.value))
     names = run_names(req.plan, req.options, topo.groups) if launcher.root else None
     prepared = _prepare(req, launcher, topo, sink, names)
     names = prepared.names
@@ -374,7 +377,8 @@ def run_session(req: RunRequest, launcher: Launcher, sink: JsonlSink | None,
         if sink is not None:
             extra = {"debris": prepared.debris.record()} if prepared.debris else {}
             sink.write(run_record(req, launcher.kind, {
-                "striping": prepared.striping, "restore_shift": shift, **topo.extra,
+                "striping": prepared.striping, "restore_shift": shift,
+                "intra_op_threads": intra_op.record(), **topo.extra,
                 "clock": topo.clock, **extra}))
             sink.flush()
         try:

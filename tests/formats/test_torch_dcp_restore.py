@@ -83,16 +83,75 @@ def test_dcp_load_reads_the_plan_and_raws_restore(case: str, tmp_path: Path) -> 
         assert 1.0 < phase["amplification"] < 2.0
 
 
-def test_dcp_load_parts_add_up_to_the_load(tmp_path: Path) -> None:
+def _loads(recs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    out = {x["rank"]: x for x in recs if x["type"] == "op" and x["op"] == "dcp_load"
+           and x["phase"] == "restore"}
+    assert len(out) == len([x for x in recs if x["type"] == "op" and x["op"] == "dcp_load"
+                            and x["phase"] == "restore"])  # one load per restore rank
+    return out
+
+
+def test_every_ranks_load_parts_add_up_to_its_load(tmp_path: Path) -> None:
+    """Every restore rank's parts are recorded (its op and its rank record), add up to its
+    load's seconds, and keep the reads of DCP's files (data) apart from the rest of
+    reading the items (deserialise); the phase names the slowest rank (the one the others
+    waited for) and the median rank, with their parts."""
     layout = CASES["fewer"][0]
     recs = _run(_workload(tmp_path, "fewer"), tmp_path, "torch-dcp", layout)
-    parts = _restore_phase(recs)["parts"]
-    assert list(parts) == ["metadata", "planning", "data", "sync"]
-    assert all(v >= 0 for v in parts.values()) and parts["data"] > 0
-    loads = [x for x in recs if x["type"] == "op" and x["op"] == "dcp_load"
-             and x["phase"] == "restore"]
-    longest = max((x["end_ns"] - x["start_ns"]) / 1e9 for x in loads)
-    assert sum(parts.values()) == pytest.approx(longest, rel=1e-6, abs=1e-6)
+    loads = _loads(recs)
+    assert sorted(loads) == [0, 1, 2]
+    ranks = {x["rank"]: x for x in recs if x["type"] == "rank" and x["phase"] == "restore"}
+    own = {}
+    for r, op in loads.items():
+        parts = op["parts"]
+        assert list(parts) == ["metadata", "planning", "data", "deserialise", "sync"]
+        assert all(v >= 0 for v in parts.values())
+        assert parts["data"] > 0 and parts["deserialise"] > 0
+        seconds = (op["end_ns"] - op["start_ns"]) / 1e9
+        assert sum(parts.values()) == pytest.approx(seconds, rel=1e-6, abs=1e-6)
+        assert ranks[r]["parts"] == pytest.approx(parts)
+        own[r] = op["end_ns"] - parts["sync"] * 1e9
+    phase = _restore_phase(recs)
+    chosen = phase["rank_parts"]
+    slowest = max(own, key=lambda r: own[r])
+    assert chosen["slowest"]["rank"] == slowest
+    assert phase["parts"] == pytest.approx(loads[slowest]["parts"])
+    assert chosen["median"]["rank"] in loads
+    assert chosen["median"]["parts"] == pytest.approx(loads[chosen["median"]["rank"]]["parts"])
+    (restore,) = [x for x in recs if x["type"] == "summary" and x["phase"] == "restore"]
+    assert restore["rank_parts"]["slowest"]["ranks"] == [slowest]
+    assert set(restore["rank_parts"]["slowest"]["parts"]) == set(loads[0]["parts"])
+
+
+def test_the_reader_pulls_at_least_the_payload_through_read(tmp_path: Path) -> None:
+    """file_read_bytes: what DCP's reader read of its files (the OS reads), beside
+    the payload (torch.load reads each item's archive records around its data)."""
+    layout = CASES["hsdp"][0]
+    recs = _run(_workload(tmp_path, "hsdp"), tmp_path, "torch-dcp", layout)
+    for op in _loads(recs).values():
+        assert op["file_read_bytes"] >= op["bytes"] > 0
+        assert op["file_reads"] >= op["read_items"] > 0
+        assert op["container_bytes"] >= op["bytes"]
+    phase = _restore_phase(recs)
+    assert phase["file_read_bytes"] >= phase["read_bytes"] == phase["planned_read_bytes"]
+
+
+@pytest.mark.parametrize("given, expected", [((), 1), (("--intra-op-threads", "2"), 2)])
+def test_ranks_run_the_intra_op_threads_a_launcher_sets(tmp_path: Path, given: tuple[str, ...],
+                                                        expected: int) -> None:
+    """4 local processes on one node: 1 intra-op thread each by default (as torchrun sets
+    OMP_NUM_THREADS=1), N when given; what each rank's torch reported is recorded."""
+    layout = {"world_size": 4, "tp": 1}
+    recs = _run(_workload(tmp_path, "fewer"), tmp_path, "torch-dcp", layout, *given)
+    run = recs[0]
+    assert run["intra_op_threads"]["value"] == expected
+    assert run["intra_op_threads"]["source"] == ("option" if given else "auto")
+    ranks = [x for x in recs if x["type"] == "rank"]
+    assert {(x["phase"], x["rank"]) for x in ranks} >= {(p, r) for p in ("save", "restore")
+                                                        for r in range(4)}
+    assert {x["intra_op_threads"] for x in ranks} == {expected}
+    summaries = [x for x in recs if x["type"] == "summary"]
+    assert all(s["intra_op_threads"] == {"min": expected, "max": expected} for s in summaries)
 
 
 def test_more_restore_ranks_than_processes_is_one_line(tmp_path: Path) -> None:
