@@ -27,7 +27,7 @@ the clock: so the code either load runs is cached alike. Printed: every restore'
 seconds, the medians over the rounds, and the ratio torch-dcp / plain ``dcp.load`` (per
 pair and of the medians).
 
-    /work/torchenv/bin/python benchmarks/dcp_restore_threads.py --pairs 4
+    TORCHENV/bin/python benchmarks/dcp_restore_threads.py --pairs 4   # a venv with torch
     python benchmarks/dcp_restore_threads.py --workload W --scale S --target DIR --pairs N
 
 Needs torch (the ``torch`` extra) in the interpreter that runs it.
