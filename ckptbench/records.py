@@ -175,6 +175,9 @@ class SavePhaseRecord:
     processes: int
     commit_ns: list[int] | None
     parts: dict[str, float] | None = None
+    # seconds spent after the save, off its clock: ckptbench's manifest of a format that
+    # commits itself (torch-dcp), kept for its restores' checks, not part of the save
+    off_clock: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"type": "phase", "iteration": self.iteration, "phase": "save", "ok": self.ok,
@@ -182,6 +185,8 @@ class SavePhaseRecord:
                "commit_ns": self.commit_ns}
         if self.parts is not None:
             out["parts"] = self.parts
+        if self.off_clock is not None:
+            out["off_clock"] = self.off_clock
         return out
 
 

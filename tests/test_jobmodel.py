@@ -340,3 +340,228 @@ def test_r_scales_with_the_restore_plans_bytes_per_node(tmp_path) -> None:
     # HSDP on 8 ranks reads each node's 2 ranks' share twice over 4 nodes; 2 ranks of
     # FSDP read the whole checkpoint on one node
     assert e.restore.data_s == pytest.approx(plan.total_bytes * seconds_per_byte, rel=2e-3)
+
+
+# --- DCP's costs where they belong (issue 42) ---------------------------------------------
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A real run of the tiny workload (raw format, 4 ranks reading the manifest each)."""
+    where = tmp_path_factory.mktemp("tiny")
+    measure(build_request(TINY, str(where / "data"), iterations=5), where / "tiny.jsonl")
+    return where / "tiny.jsonl"
+
+
+def dcp_load_run(tmp_path: Path, name: str, planning: float, *, meta: float = 0.1,
+                 data: float = 2.0, per_rank: int = 10**9, threads: int | None = 4
+                 ) -> jobmodel.Measurement:
+    """A run whose restores are torch-dcp loads (formats.dcp_load): every rank's span is
+    its .metadata read, its planning, then deserialise, data and sync, each rank's parts
+    in its rank record and the slowest's in the phase record, as `ckptbench run --format
+    torch-dcp` writes them."""
+    spans = [meta + planning + data] * 5
+    recs = synthetic.records(bytes_per_rank=per_rank, save_s=[4.0] * 5, restore_s=spans,
+                             save_meta_s=0.0, restore_meta_s=0.0, chunks_per_rank=100)
+    recs[0]["options"]["format"] = "torch-dcp"
+    recs[0]["plan"]["state_keys"] = 50
+    for r in recs:
+        if r.get("type") == "rank" and r["phase"] == "restore":
+            rest = (r["end_ns"] - r["start_ns"]) / NS - meta - planning
+            r["parts"] = {"metadata": meta, "planning": planning, "deserialise": rest / 2,
+                          "data": rest / 2, "sync": 0.0}
+            if threads is not None:
+                r["intra_op_threads"] = threads
+        if r.get("type") == "phase" and r["phase"] == "restore":
+            r["parts"] = {"metadata": meta, "planning": planning, "deserialise": data / 2,
+                          "data": data / 2, "sync": 0.0}
+        if r.get("type") == "phase" and r["phase"] == "save":
+            r["parts"] = {"data": 4.0, "gather": 0.0, "coordinator": 0.0, "metadata": 0.0,
+                          "commit": 0.0}
+    return jobmodel.read_results(synthetic.write(tmp_path / name, recs))
+
+
+def test_a_dcp_loads_fixed_parts_are_charged_once_not_per_byte(tmp_path) -> None:
+    """A restore whose DCP load plans for P seconds: R grows by P once, whatever the
+    job's bytes per node (not P x the bytes ratio); the per-node rate is the rest."""
+    without = dcp_load_run(tmp_path, "p0.jsonl", 0.0)
+    with_p = dcp_load_run(tmp_path, "p2.jsonl", 2.0)
+    assert with_p.restore is not None and with_p.restore.out_of_spans == ("metadata", "planning")
+    assert [s.seconds for s in with_p.restore.samples] == pytest.approx([2.0] * 5)
+    assert with_p.restore.metadata_readers == 8  # every rank read .metadata
+    for ratio in (1, 4, 16):  # the job's bytes per rank, x the run's
+        target = jobmodel.uniform("t", 10**9 * ratio * 800, 800, 8)
+        r0 = estimate(without, target, force=True).restore
+        r2 = estimate(with_p, target, force=True).restore
+        assert r0 is not None and r2 is not None
+        assert r2.parts["planning"] == pytest.approx(2.0)
+        assert r2.total_s - r0.total_s == pytest.approx(2.0, rel=1e-6)
+        assert r2.data_s == pytest.approx(2.0 * ratio, rel=1e-6)  # 8 GB per node in 2 s
+    e = estimate(with_p, jobmodel.uniform("t", 10**9 * 800, 800, 8), force=True)
+    said = " ".join(e.assumptions())
+    assert "paid once per restart" in said and "4 intra-op thread(s)" in said
+    assert "deserialise" in said
+    unknown = dcp_load_run(tmp_path, "nothreads.jsonl", 1.0, threads=None)
+    assert "intra-op threads not recorded" in " ".join(
+        estimate(unknown, jobmodel.uniform("t", 10**9 * 800, 800, 8), force=True).assumptions())
+
+
+def test_a_torch_dcp_saves_coordinator_is_charged_once(tmp_path, job405) -> None:
+    """A torch-dcp save's spans hold DCP's own planning at the run's chunk count: it is
+    taken out of them, and the job's coordinator is charged once at the job's."""
+    from ckptbench.jobmodel.dcp_costs import DCP_SAVE_BROADCAST, DCP_SAVE_COORDINATOR
+
+    m = dcp_load_run(tmp_path, "dcp.jsonl", 1.0)
+    assert m.format == "torch-dcp" and m.chunks == 800
+    e = estimate(m, job405, force=True)
+    inside = DCP_SAVE_COORDINATOR.seconds(800) + DCP_SAVE_BROADCAST.seconds(800)
+    assert e.save.out_of_spans_s == pytest.approx(inside)
+    per_byte = (4.0 - inside) / 8e9  # a node's 8 GB in its span less the planning
+    assert e.save.median_node_s == pytest.approx(job405.mean_node_bytes * per_byte, rel=1e-3)
+    assert e.save.parts["coordinator"] == pytest.approx(DCP_SAVE_COORDINATOR.seconds(
+        job405.chunks or 0))
+    assert "taken out of its node spans" in " ".join(e.assumptions())
+    raw = jobmodel.read_results(synthetic.write(tmp_path / "raw.jsonl", synthetic.records(
+        bytes_per_rank=10**9, save_s=[4.0] * 5, restore_s=[2.0] * 5)))
+    assert estimate(raw, job405, force=True).save.out_of_spans_s == 0.0
+
+
+def test_the_metadata_read_grows_with_its_readers(tiny_run) -> None:
+    """Every restoring rank reads .metadata: the run's slowest of its 4 reads (one node),
+    plus, the storage growing with the nodes as for the data, each reader a job's node has
+    beyond the run's node at the fitted per-reader rate; what one shared storage would
+    take is said beside it; with an aggregate bandwidth, all readers' bytes over it."""
+    from ckptbench.jobmodel.dcp_costs import METADATA_READERS
+
+    m = jobmodel.read_results(tiny_run)
+    assert m.restore is not None and m.restore.metadata_readers == 4 and m.nodes == 1
+    size = m.metadata_bytes
+    assert size == m.restore.metadata_bytes and size and size > 0
+    per_reader = size * METADATA_READERS.s_per_reader_per_byte
+    for per_node in (4, 8):
+        for gpus in (64, 1024, 16384):
+            r = estimate(m, jobmodel.uniform("t", 4e9 * gpus, gpus, per_node),
+                         force=True).restore
+            assert r is not None and r.metadata_read is not None
+            assert r.parts["metadata"] == pytest.approx(m.restore.parts["metadata"])
+            assert r.parts["metadata_fan_in"] == pytest.approx((per_node - 4) * per_reader)
+            assert r.kinds["metadata_fan_in"] == "modelled"
+            assert r.metadata_read.shared_s == pytest.approx((gpus - 4) * per_reader)
+            assert METADATA_READERS.fit_range(per_node) in r.metadata_read.rule
+            assert "grow with the nodes" in r.metadata_read.rule
+    assert METADATA_READERS.fit_range(8).endswith("within it")
+    ceiling = 1e9
+    capped = estimate(m, jobmodel.uniform("t", 4e9 * 16384, 16384, 4, ceiling=ceiling),
+                      force=True).restore
+    assert capped is not None
+    assert capped.parts["metadata"] + capped.parts["metadata_fan_in"] == pytest.approx(
+        max(16384 * size / ceiling, capped.parts["metadata"]))
+    assert "--aggregate-bandwidth" in capped.notes["metadata_fan_in"]
+
+
+def test_the_metadata_read_is_the_jobs_size(tiny_run, job405) -> None:
+    """The 405B job's .metadata (462 MiB) read by its 16,384 restoring ranks: the run's
+    read brought to that size, and its fan-in over 16,384 readers (7.2 TiB per restart)."""
+    from ckptbench.plan.metadata import dcp_metadata_bytes
+
+    m = jobmodel.read_results(tiny_run)
+    e = estimate(m, job405, force=True)
+    r = e.restore
+    assert r is not None and r.metadata_read is not None
+    assert job405.metadata_bytes == dcp_metadata_bytes(build_plan(load_workload(W405)))
+    assert r.metadata_read.readers == 16384
+    assert r.metadata_read.nbytes == job405.metadata_bytes
+    assert r.parts["metadata"] > m.restore.parts["metadata"]  # 462 MiB, not the run's
+    said = " ".join(e.assumptions())
+    assert "16,384 readers of 462.3 MiB, 7.223 TiB per restart" in said
+    assert "were all 16,384 readers to share one storage" in said
+
+
+def test_shares_add_up_to_c_and_r(tmp_path, tiny_run, job405) -> None:
+    """Every second of C and R is measured, modelled, given or assumed, and they add up."""
+    runs = [(jobmodel.read_results(tiny_run), job405),
+            (jobmodel.read_results(tiny_run), jobmodel.uniform("t", 4e12, 1024, 4, ceiling=1e9)),
+            (dcp_load_run(tmp_path, "d.jsonl", 2.0), job405),
+            (results(tmp_path, bytes_per_rank=10**9, save_s=[4.0] * 5, restore_s=[2.0] * 5),
+             jobmodel.uniform("t", 8e11, 800, 8))]
+    for m, t in runs:
+        e = estimate(m, t, force=True, restart=60.0)
+        shares = e.shares()
+        assert sum(s.seconds for s in shares["save"]) == pytest.approx(e.save_s)
+        assert sum(s.seconds for s in shares["restore"]) == pytest.approx(e.restore_s)
+        totals = e.share_totals()
+        assert sum(totals["save"].values()) == pytest.approx(e.save_s)
+        assert sum(totals["restore"].values()) == pytest.approx(e.restore_s)
+        assert {s.kind for v in shares.values() for s in v} <= {
+            "measured", "modelled", "given", "assumed"}
+        assert totals["restore"]["assumed"] == pytest.approx(60.0)  # the restart ("test")
+        lines = e.describe_shares()
+        assert lines[0].startswith(f"C {e.save_s:.3g} s: ")
+        assert e.to_dict()["shares"]["totals"] == totals
+    e = estimate(*runs[0], force=True)
+    totals = e.share_totals()
+    assert totals["save"]["modelled"] >= e.save.parts["coordinator"] > 0
+    assert totals["restore"]["assumed"] == 0.0 and totals["restore"]["given"] == 0.0
+    capped = estimate(*runs[1], force=True)
+    assert any(s.name == "ceiling" and s.kind == "given" for s in capped.shares()["restore"])
+
+
+def test_the_coordinator_model_meets_its_measurements() -> None:
+    """The refit is within 25 % of real dcp.save's coordinator CPU where it was measured,
+    and says its range."""
+    from ckptbench.jobmodel.dcp_costs import DCP_SAVE_COORDINATOR, MEASURED_SAVE, count
+
+    assert {round(c, -3) for c, _ in MEASURED_SAVE} >= {7000, 56000, 326000, 1_000_000}
+    for chunks, cpu in MEASURED_SAVE:
+        assert DCP_SAVE_COORDINATOR.seconds(chunks) == pytest.approx(cpu, rel=0.25)
+    lo, hi = DCP_SAVE_COORDINATOR.fitted
+    assert lo < 10_000 and hi >= 1_000_000
+    said = DCP_SAVE_COORDINATOR.fit_range(2_813_937)
+    assert said.startswith(f"fitted {count(lo)}-{count(hi)} chunks; the job has 2.81M: ")
+    assert said.endswith("x past it")
+    assert "within it" in DCP_SAVE_COORDINATOR.fit_range(hi)
+
+
+def test_cadence_prints_the_shares_and_the_fit_range(monkeypatch, capsys, tiny_run) -> None:
+    import json
+
+    import ckptbench.cli as cli_module
+    from ckptbench.cli.cadence_cmd import cadence_command
+
+    monkeypatch.setattr(cli_module, "_register",
+                        lambda: cli_module.cli.add_command(cadence_command))
+    args = ["cadence", "--results", str(tiny_run), "--workload", str(W405),
+            "--failure-preset", "llama3", "--force"]
+    assert cli_module.main(args) == 0
+    out = capsys.readouterr().out
+    assert "modelled vs measured" in out
+    assert "fitted 7.28k-1M chunks; the job has 2.81M: 2.81x past it" in out
+    assert "16,384 readers x 462.3 MiB" in out
+    assert "C " in out and "modelled " in out and "measured " in out
+    assert cli_module.main([*args, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    totals = payload["job_model"]["shares"]["totals"]
+    assert sum(totals["save"].values()) == pytest.approx(payload["cost"]["save_s"])
+    assert sum(totals["restore"].values()) == pytest.approx(payload["cost"]["restore_s"])
+    assert any("x past it" in s["note"] for s in payload["job_model"]["shares"]["parts"]["save"])
+
+
+def test_a_real_torch_dcp_restore_pays_its_planning_once(tmp_path) -> None:
+    """A real `--format torch-dcp` run (needs torch): each rank's load parts are read, its
+    .metadata read and planning come out of its span and are charged once."""
+    pytest.importorskip("torch")
+    measure(build_request(TINY, str(tmp_path / "data"), iterations=5, format="torch-dcp"),
+            tmp_path / "dcp.jsonl")
+    m = jobmodel.read_results(tmp_path / "dcp.jsonl")
+    r = m.restore
+    assert r is not None and m.format == "torch-dcp" and m.chunks
+    assert r.out_of_spans == ("metadata", "planning") and r.metadata_readers == 4
+    assert {"metadata", "planning", "data", "sync"} <= set(r.parts)
+    small, large = (estimate(m, jobmodel.uniform("t", 4 * m.bytes_per_rank * k, 4, 4),
+                             force=True).restore for k in (1, 8))
+    assert small is not None and large is not None
+    assert small.parts["planning"] == large.parts["planning"] == pytest.approx(
+        r.parts["planning"])
+    assert large.data_s == pytest.approx(8 * small.data_s, rel=1e-6)

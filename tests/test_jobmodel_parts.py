@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from ckptbench import jobmodel
-from ckptbench.jobmodel.dcp_costs import DCP_SAVE_CACHED, DCP_SAVE_COORDINATOR, CostModel
+from ckptbench.jobmodel.dcp_costs import (
+    DCP_SAVE_BROADCAST,
+    DCP_SAVE_CACHED,
+    DCP_SAVE_COORDINATOR,
+    CostModel,
+)
 from ckptbench.plan import build_plan
 from ckptbench.spec import load_workload
 from tests import synthetic
@@ -66,13 +71,15 @@ def test_with_a_plan_the_coordinator_is_dcps_at_its_chunk_count(tmp_path) -> Non
                     workload=load_workload(W405).to_dict(), chunks_per_rank=170)
     e = estimate(m, target)
     dcp = DCP_SAVE_COORDINATOR.seconds(plan.n_chunks)
-    assert dcp > 0
-    assert e.save.parts == {"coordinator": dcp, "metadata": 1.5, "commit": 0.01}
-    assert e.save.metadata_s == pytest.approx(dcp + 1.51)
-    assert e.save_s == pytest.approx(e.save.data_s + dcp + 1.51)
+    received = DCP_SAVE_BROADCAST.seconds(plan.n_chunks)
+    assert dcp > 0 and received > 0
+    assert e.save.parts == {"coordinator": dcp, "metadata_broadcast": received,
+                            "metadata": 1.5, "commit": 0.01}
+    assert e.save.metadata_s == pytest.approx(dcp + received + 1.51)
+    assert e.save_s == pytest.approx(e.save.data_s + dcp + received + 1.51)
     said = " ".join(e.assumptions())
-    assert f"torch DCP's measured planning and .metadata pickling for {plan.n_chunks:,} chunks" \
-        in said
+    assert f"torch DCP's save coordinator for {plan.n_chunks:,} chunks" in said
+    assert DCP_SAVE_COORDINATOR.fit_range(plan.n_chunks) in said and "x past it" in said
     assert DCP_SAVE_COORDINATOR.source in said and "plan caching" in said
     assert "ckptbench's own manifest build and gather (3.25 s measured)" in said
     assert e.to_dict()["save"]["parts"]["coordinator"] == dcp
@@ -109,8 +116,11 @@ def test_the_dcp_cost_model_states_its_source() -> None:
 
 
 def test_a_formats_own_restore_parts_are_not_charged_twice(tmp_path) -> None:
-    """torch-dcp's load parts (metadata, planning, data, sync) lie inside its ranks' spans,
-    so in the per-node rate already: the restore pays only what lies outside them."""
+    """torch-dcp's load parts (metadata, planning, data, sync) in the phase record only
+    (results written before each rank recorded its own parts): they lie inside the ranks'
+    spans, so in the per-node rate already, and the restore pays only what lies outside
+    them. With each rank's parts, see test_jobmodel's
+    test_a_dcp_loads_fixed_parts_are_charged_once_not_per_byte."""
     recs = with_parts(synthetic.records(bytes_per_rank=10**9, save_s=[4.0] * 5,
                                         restore_s=[2.0] * 5, save_meta_s=4.76,
                                         restore_meta_s=0.5))

@@ -376,6 +376,35 @@ def test_levels_prints_the_scaled_beside_the_measured(tiered: Path) -> None:
                             if line.startswith("peer "))
 
 
+def test_levels_and_simulate_say_how_much_is_modelled(tiered: Path) -> None:
+    """Every job answer prints the measured and the modelled share of each level's save
+    and restore: a stated footing's memory and peer levels are modelled (the run's time
+    rescaled to stated figures), a measured footing's measured; the storage level's by the
+    job model's parts (DCP's coordinator modelled at the 405B job's chunks, past its fit)."""
+    job = ["--workload", str(BIG), "--gpus", "16384", "--failure-classes", "llama3", "--force"]
+    for command in ("levels", "simulate"):
+        extra = ["--replicas", "2", "--days", "1"] if command == "simulate" else []
+        out = run(command, "--tiers-results", str(tiered), *job, *extra)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        start = lines.index("  measured vs modelled, per level (restarts: the mechanisms above):")
+        memory, peer, save, restore = lines[start + 1:start + 5]
+        assert memory.startswith("    memory save ") and "modelled 100 %" in memory
+        assert peer.startswith("    peer save ") and "modelled 100 %" in peer
+        assert save.startswith("    storage C ") and "coordinator" in save and "x past it" in save
+        assert restore.startswith("    storage R ") and "restart" not in restore
+    scaling = levels_json(tiered, *job[:4], "--force", "--footing", "measured")
+    kinds = {(s["level"], s["phase"]): s["kind"] for s in scaling["shares"]
+             if s["name"] == "data"}
+    assert kinds[("memory", "save")] == kinds[("peer", "restore")] == "measured"
+    by_level = {lv["level"]: lv for lv in scaling["levels"]}
+    for level, phase in (("storage", "save"), ("storage", "restore")):
+        seconds = sum(s["seconds"] for s in scaling["shares"]
+                      if (s["level"], s["phase"]) == (level, phase))
+        assert seconds == pytest.approx(by_level[level][f"{phase}_s"], rel=1e-9)
+    assert any(s["kind"] == "modelled" and s["level"] == "storage" for s in scaling["shares"])
+
+
 def test_report_shows_each_level_at_the_run_and_scaled_to_the_job(tiered: Path) -> None:
     """One node of 4 GPUs (report's 8 per node): twice the run's node bytes, on the stated
     footing by default (--footing measured: the run's own)."""

@@ -30,6 +30,7 @@ from ckptbench.jobmodel import (
     from_plan,
 )
 from ckptbench.jobmodel.measured import Measurement, read_results
+from ckptbench.jobmodel.model import MODELLED
 from ckptbench.report.table import Column, Grid
 from ckptbench.spec import Workload
 from ckptbench.units import format_duration, format_size
@@ -71,7 +72,17 @@ class JobAnswer:
                 "persist_s": c.persist_s, "interference": c.interference,
                 "mtbf_s": self.cadence.mtbf_s, "mtbf_source": self.mtbf_source,
                 "interval_s": rec.interval_s, "goodput": rec.goodput,
+                "shares": self.job.share_totals(),
                 "warnings": [w.message for w in self.job.warnings]}
+
+    def modelled(self) -> str:
+        """The modelled share of C and of R, in a cell."""
+        out = []
+        for phase, kinds in self.job.share_totals().items():
+            total = sum(kinds.values())
+            out.append(f"{'C' if phase == 'save' else 'R'} "
+                       f"{100 * kinds[MODELLED] / total if total else 0:.0f} %")
+        return ", ".join(out)
 
 
 def _parts(p: PhaseEstimate) -> dict[str, float]:
@@ -150,13 +161,16 @@ def job_grid(answers: list[JobAnswer | str]) -> Grid:
             *lead, a.workload, str(a.gpus), format_size(a.checkpoint_bytes), f"{c.save_s:.3g}",
             _by_part(_parts(job.save)), f"{c.restore_s:.3g}",
             _by_part(_parts(restore), {"restart": job.restart_overhead_s}),
-            f"{c.persist_s:.3g}", format_duration(a.cadence.mtbf_s),
+            a.modelled(), f"{c.persist_s:.3g}", format_duration(a.cadence.mtbf_s),
             format_duration(rec.interval_s), f"{100 * rec.goodput:.2f} %"))
+        notes += [f"{name + ': ' if name else ''}measured vs modelled: {text}"
+                  for text in job.describe_shares()]
         notes += [f"{name + ': ' if name else ''}caution: {w.message}" for w in job.warnings]
     cols = ([Column("run", key=True, numeric=False)] if several else []) + [
         Column("job", numeric=False), Column("GPUs"), Column("checkpoint"),
         Column("C s", "save"), Column("C by part, s", numeric=False), Column("R s", "restore"),
-        Column("R by part, s", numeric=False), Column("persist s", "async"),
+        Column("R by part, s", numeric=False), Column("modelled", numeric=False),
+        Column("persist s", "async"),
         Column("MTBF"), Column("interval", "best"), Column("goodput")]
     sources = sorted({a.mtbf_source for a in answers if not isinstance(a, str)})
     notes.append("Each run's own full-size workload as the job, by the job model (the slowest "

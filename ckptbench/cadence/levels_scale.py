@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ckptbench.cadence.answer import DEFAULT_RESTART_OVERHEAD_S, RESTART_OVERHEAD_SOURCE
@@ -320,6 +320,42 @@ class TierScaling:
         if self.estimate is not None and self.estimate.warnings:
             out.append(f"  storage by the job model, warnings{used}: "
                        + "; ".join(w.message for w in self.estimate.warnings))
+        return out + self.share_lines()
+
+    def shares(self) -> list[dict[str, Any]]:
+        """Each level's save and restore seconds, measured or modelled, with the parts
+        of the storage level's by the job model (restarts are the mechanisms')."""
+        out: list[dict[str, Any]] = []
+        for lv in self.levels:
+            if lv.name == "storage" and self.estimate is not None:
+                for phase, shares in self.estimate.shares(with_restart=False).items():
+                    out += [{"level": lv.name, "phase": phase, **asdict(s)} for s in shares]
+                continue
+            kind = MEASURED if lv.footing == MEASURED else "modelled"
+            note = (f"the run's {lv.name} time x bytes per node" if kind == MEASURED else
+                    f"the run's {lv.name} time x bytes per node x its baseline / the stated"
+                    f" figure ({lv.source})")
+            out += [{"level": lv.name, "phase": "save", "name": "data", "seconds": lv.save_s,
+                     "kind": kind, "note": note},
+                    {"level": lv.name, "phase": "restore", "name": "data",
+                     "seconds": lv.restore_s, "kind": kind, "note": note}]
+        return out
+
+    def share_lines(self) -> list[str]:
+        """Per level, how much of its save and restore is measured and how much modelled
+        (docs/cadence.md, "Measured and modelled")."""
+        out = ["  measured vs modelled, per level (restarts: the mechanisms above):"]
+        for lv in self.levels:
+            if lv.name == "storage" and self.estimate is not None:
+                out += [f"    storage {text}" for text in
+                        self.estimate.describe_shares(with_restart=False)]
+                continue
+            stated = lv.footing != MEASURED
+            out.append(f"    {lv.name} save {format_duration(lv.save_s)}, restore "
+                       f"{format_duration(lv.restore_s)}: "
+                       + ("modelled 100 % (the run's measured time rescaled to the stated"
+                          f" figures: {_SHORT.get(lv.source, lv.source)})" if stated else
+                          "measured 100 % (the run's own time, x the job's bytes per node)"))
         return out
 
     def cautions(self) -> list[str]:
@@ -358,6 +394,7 @@ class TierScaling:
                         "source": lv.source} for lv in self.levels],
             "cautions": self.cautions(),
             "forced": self.forced,
+            "shares": self.shares(),
             "storage_assumptions": self.estimate.assumptions() if self.estimate else [],
             "storage_warnings": [w.message for w in self.estimate.warnings]
             if self.estimate else [],

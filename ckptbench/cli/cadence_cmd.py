@@ -411,6 +411,10 @@ def _print_job_model(console: Any, job: jobmodel.JobEstimate) -> None:
         else:
             line += f" = {p.total_s:.3g} s"
         say(line)
+    say("  modelled vs measured (each part's kind; modelled ones say where their figure comes"
+        " from):")
+    for text in job.describe_shares():
+        say(f"    {text}")
     say("  assumptions:")
     for text in job.assumptions():
         say(f"    - {text}")

@@ -226,6 +226,9 @@ class Format(Protocol):
     # the bytes move through a library's own storage layer (DCP's writer and reader), not
     # the backend's handles: the backend serves the target's control requests only
     own_storage: ClassVar[bool]
+    # the library commits the checkpoint itself (DCP's save returns once its .metadata is
+    # written): ckptbench's own manifest, kept for its restores' checks, is off the clock
+    commits_itself: ClassVar[bool]
     gen: PayloadGenerator  # the deterministic payload (what a restore checks against)
     source: PayloadSource  # where the save's bytes come from (a snapshot in async mode)
     progress: Progress  # called as bytes move (the fill-ins' save swaps in a quiet one)
@@ -299,6 +302,7 @@ class FormatBase:
     name: ClassVar[str] = "?"
     streams_progress: ClassVar[bool] = True  # Format says what these mean
     own_storage: ClassVar[bool] = False
+    commits_itself: ClassVar[bool] = False
 
     def __init__(self, plan: Plan, ranks: list[int], backend: Backend, group: Group,
                  options: FormatOptions, progress: Progress | None = None) -> None:

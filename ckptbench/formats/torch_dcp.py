@@ -223,6 +223,7 @@ class TorchDcpFormat(FormatBase):
     name: ClassVar[str] = "torch-dcp"
     streams_progress: ClassVar[bool] = False  # one op per phase: not watched for stalls
     own_storage: ClassVar[bool] = True
+    commits_itself: ClassVar[bool] = True  # dcp.save writes .metadata: its commit
 
     @classmethod
     def check(cls, plan: Plan, ranks: list[int], codec: CodecSpec) -> None:

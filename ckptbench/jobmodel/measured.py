@@ -11,6 +11,14 @@ because the job pays them once, not per node (a restoring rank that reads the ma
 itself starts its span after that read). Runs that recorded the phases' named parts
 (runner.parts: gather, coordinator, metadata, commit) keep them, so the model charges
 each part as what it is.
+
+A format's own restore parts inside its ranks' spans (torch-dcp's load: metadata,
+planning, then deserialise, data, sync) are read per rank (the rank record's ``parts``,
+else its ``dcp_load`` op's): what a restart pays once whatever its bytes (DCP's
+``.metadata`` read and the load planning, ``DCP_LOAD_ONCE``) is taken out of each rank's
+span, so the per-node rate is the per-byte work alone (reads, deserialisation, the
+closing sync). Kept for the job model's growth with the job: how many read the manifest
+or ``.metadata`` per restore (``metadata_readers``) and its bytes (``metadata_bytes``).
 """
 
 from __future__ import annotations
@@ -25,12 +33,18 @@ from typing import Any
 
 from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.jobmodel.stragglers import LogNormalFit
+from ckptbench.plan.metadata import BYTES_PER_CHUNK, BYTES_PER_KEY
+from ckptbench.plan.state import PARAM_GROUP_ITEMS
 from ckptbench.records import read_records
 from ckptbench.report import throughput, view
 from ckptbench.runner.parts import FIRST_RESTORE
 from ckptbench.spec import RESTORE_KEYS, Workload, parse_workload
 
 PHASES = ("save", "restore")
+# A DCP load's parts (formats.dcp_load) that a restart pays once, whatever its bytes: the
+# .metadata read (every rank reads it) and the load planning (local plans, the
+# coordinator's global plan, its scatter); the rest (deserialise, data, sync) is per byte.
+DCP_LOAD_ONCE = ("metadata", "planning")
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,12 @@ class PhaseMeasurement:
     headline: str = ""  # the phase's throughput as every command prints it (report.throughput)
     throughput_bytes_per_s: float | None = None  # its value: median over iterations
     parts: Mapping[str, float] = field(default_factory=dict)  # median s per named part
+    # readers of the manifest (or DCP's .metadata) per restore, and its bytes (None: not
+    # recorded); DCP_LOAD_ONCE parts taken out of the ranks' spans (a DCP load's)
+    metadata_readers: int | None = None
+    metadata_bytes: int | None = None
+    out_of_spans: tuple[str, ...] = ()
+    intra_op_threads: tuple[int, int] | None = None  # min, max over the ranks (recorded)
 
     @property
     def node_throughputs(self) -> list[float]:
@@ -122,6 +142,9 @@ class Measurement:
     save: PhaseMeasurement
     restore: PhaseMeasurement | None
     asynchronous: AsyncMeasurement | None = None  # --mode async runs
+    chunks: int | None = None  # the plan's chunks as run (DCP's .metadata entries)
+    format: str | None = None  # the run's --format (None: not recorded)
+    metadata_bytes: int | None = None  # DCP's .metadata of the plan as run (its size model)
 
     @property
     def samples(self) -> int:
@@ -152,43 +175,76 @@ def workload_of(run: Mapping[str, Any]) -> Workload | None:
         return None
 
 
+@dataclass
+class _Scan:
+    """A phase's records of its successful iterations, sorted out."""
+
+    nodes: dict[tuple[int, str], list[dict[str, Any]]] = field(
+        default_factory=lambda: defaultdict(list))
+    extra: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # manifest/commit
+    parts: list[dict[str, float]] = field(default_factory=list)
+    first: dict[tuple[int, int], int] = field(default_factory=dict)  # first data read's end
+    own: dict[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)  # per rank
+    readers: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # manifest reads
+    sizes: list[int] = field(default_factory=list)  # the manifest's bytes as read
+
+    def add(self, r: dict[str, Any], phase: str) -> None:
+        kind, op = r.get("type"), r.get("op")
+        if kind == "phase" and isinstance(r.get("parts"), dict):
+            self.parts.append(r["parts"])
+        if kind == "rank":
+            self.nodes[(r["iteration"], str(r.get("host", "?")))].append(r)
+            if isinstance(r.get("parts"), dict):  # the rank's own parts win over its op's
+                self.own[(r["iteration"], r.get("rank", -1))] = r["parts"]
+        elif kind == "op" and op in ("manifest", "commit"):
+            self.extra[r["iteration"]] += [r["start_ns"], r["end_ns"]]
+            if op == "manifest" and phase == "restore":
+                self.readers[r["iteration"]] += 1
+                if isinstance(r.get("size"), int):
+                    self.sizes.append(r["size"])
+        elif kind == "op" and op == "read" and phase == "restore":
+            key = (r["iteration"], r["rank"])
+            self.first[key] = min(self.first.get(key, r["end_ns"]), r["end_ns"])
+        elif kind == "op" and isinstance(r.get("parts"), dict):
+            self.own.setdefault((r["iteration"], r.get("rank", -1)), r["parts"])
+
+
 def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasurement | None:
     ok = {r["iteration"] for r in records
           if r.get("type") == "phase" and r.get("phase") == phase and r.get("ok")}
-    nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    extra: dict[int, list[int]] = defaultdict(list)  # manifest/commit op times
-    parts: list[dict[str, float]] = []
-    first: dict[tuple[int, int], int] = {}  # (iteration, rank) -> its first data read's end
+    scan = _Scan()
     for r in records:
-        if r.get("phase") != phase or r.get("iteration") not in ok:
-            continue
-        if r.get("type") == "phase" and isinstance(r.get("parts"), dict):
-            parts.append(r["parts"])
-        if r.get("type") == "rank":
-            nodes[(r["iteration"], str(r.get("host", "?")))].append(r)
-        elif r.get("type") == "op" and r.get("op") in ("manifest", "commit"):
-            extra[r["iteration"]] += [r["start_ns"], r["end_ns"]]
-        elif r.get("type") == "op" and r.get("op") == "read" and phase == "restore":
-            key = (r["iteration"], r["rank"])
-            first[key] = min(first.get(key, r["end_ns"]), r["end_ns"])
+        if r.get("phase") == phase and r.get("iteration") in ok:
+            scan.add(r, phase)
+    nodes, parts, first = scan.nodes, scan.parts, scan.first
     if not all(FIRST_RESTORE[-1] in p for p in parts) or not parts:
         first = {}  # no first-restore parts charged once: they stay in the node rates
     if not nodes:
         return None
+    # a DCP load's once-per-restart parts, per rank, out of its span (ns); every rank of a
+    # DCP load reads .metadata itself
+    once = {k: int(sum(float(v.get(n, 0.0)) for n in DCP_LOAD_ONCE) * 1e9)
+            for k, v in scan.own.items() if phase == "restore" and "planning" in v}
+    if once:  # the DCP ranks' reads (not ckptbench's own manifest read)
+        scan.readers = defaultdict(int)
+        for iteration, _ in once:
+            scan.readers[iteration] += 1
     samples, rank_rates = [], []
     spans: dict[int, list[int]] = defaultdict(list)
     for (iteration, host), ranks in sorted(nodes.items()):
-        start = min(_data_start(r, first) for r in ranks)
+        start = min(_data_start(r, first, once) for r in ranks)
         end = max(r["end_ns"] for r in ranks)
         spans[iteration] += [start, end]
         nbytes = sum(r["bytes"] for r in ranks)
         if nbytes > 0:
             samples.append(NodeSample(iteration, host, len(ranks), nbytes, max(end - start, 1) / 1e9))
-        rank_rates += [r["bytes"] / max(r["end_ns"] - _data_start(r, first), 1) * 1e9
+        rank_rates += [r["bytes"] / max(r["end_ns"] - _data_start(r, first, once), 1) * 1e9
                        for r in ranks]
+    threads = [r["intra_op_threads"] for rs in nodes.values() for r in rs
+               if isinstance(r.get("intra_op_threads"), int)]
     meta = []
     for iteration, data in spans.items():
-        whole = data + extra.get(iteration, [])
+        whole = data + scan.extra.get(iteration, [])
         meta.append(((max(whole) - min(whole)) - (max(data) - min(data))) / 1e9)
     if not samples:
         return None
@@ -199,17 +255,25 @@ def _phase(records: list[dict[str, Any]], phase: str, cache: Any) -> PhaseMeasur
         cache=None if cache is None else (cache if isinstance(cache, str) else ",".join(cache)),
         parts={k: statistics.median(p.get(k, 0.0) for p in parts)
                for k in dict.fromkeys(k for p in parts for k in p)},
+        metadata_readers=max(scan.readers.values()) if scan.readers else None,
+        metadata_bytes=max(scan.sizes) if scan.sizes else None,
+        out_of_spans=DCP_LOAD_ONCE if once else (),
+        intra_op_threads=(min(threads), max(threads)) if threads else None,
     )
 
 
-def _data_start(rank: dict[str, Any], first: Mapping[tuple[int, int], int]) -> int:
+def _data_start(rank: dict[str, Any], first: Mapping[tuple[int, int], int],
+                once: Mapping[tuple[int, int], int]) -> int:
     """When a rank's data began: its start, or after its own manifest read (a restoring
     rank of the DCP restore plan reads the manifest first; that read is metadata), or,
     where the run recorded a restore's first-restore parts (runner.parts: setup,
-    first_byte, charged once per restore), after its first data read."""
+    first_byte, charged once per restore), after its first data read, or, for a DCP load,
+    after its .metadata read and load planning (``once``: ns per (iteration, rank))."""
     manifest = rank.get("manifest_s")
+    key = (rank["iteration"], rank.get("rank", -1))
     start = int(rank["start_ns"] + (manifest * 1e9 if isinstance(manifest, int | float) else 0))
-    return max(start, first.get((rank["iteration"], rank.get("rank", -1)), start))
+    start = min(start + once.get(key, 0), int(rank["end_ns"]))
+    return max(start, first.get(key, start))
 
 
 def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--results"
@@ -259,7 +323,21 @@ def measurement_of(records: list[dict[str, Any]], path: str, source: str = "--re
         save=save,
         restore=restore,
         asynchronous=async_of(loaded.get("async", []), where, str(path)),
+        chunks=chunks if isinstance(chunks, int) else None,
+        format=options.get("format") if isinstance(options.get("format"), str) else None,
+        metadata_bytes=(restore and restore.metadata_bytes) or _dcp_metadata_bytes(
+            workload, chunks, plan.get("state_keys")),
     )
+
+
+def _dcp_metadata_bytes(workload: Workload | None, chunks: Any, keys: Any) -> int | None:
+    """DCP's .metadata of the plan as run, by ckptbench.plan.metadata's size model (from
+    the run record's chunk and key counts; None when it lacks them)."""
+    if not (isinstance(chunks, int) and isinstance(keys, int)):
+        return None
+    adamw = workload is not None and workload.state.optimizer == "adamw"
+    return BYTES_PER_CHUNK * chunks + BYTES_PER_KEY * (
+        keys + (len(PARAM_GROUP_ITEMS) if adamw else 0))
 
 
 def read_results(path: str | Path, source: str = "--results") -> Measurement:

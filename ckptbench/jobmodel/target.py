@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ckptbench.errors import SpecError
+from ckptbench.plan.metadata import dcp_metadata_bytes
 
 if TYPE_CHECKING:
     from ckptbench.plan import Plan
@@ -44,6 +45,7 @@ class Target:
     restore: Target | None = None
     restore_layout: str | None = None  # the layout it restarts on, when a plan gave it
     chunks: int | None = None  # the plan's saved chunks (DCP's .metadata entries), when known
+    metadata_bytes: int | None = None  # DCP's .metadata of the plan (every restoring rank reads it)
 
     @property
     def for_restore(self) -> Target:
@@ -117,7 +119,8 @@ def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
         t = uniform(name, plan.total_bytes, gpus, ranks_per_node, ceiling, file_bytes)
         return Target(**{**t.__dict__, "workload_path": workload_path,
                          "placement": f"uniform: --gpus {gpus} is not the plan's world size"
-                                      f" {plan.world_size}", "chunks": plan.n_chunks})
+                                      f" {plan.world_size}", "chunks": plan.n_chunks,
+                         "metadata_bytes": dcp_metadata_bytes(plan) or None})
     ranks_per_node = _check(plan.world_size, ranks_per_node)
     restore = None if restore_plan is None else Target(
         name, restore_plan.world_size, min(ranks_per_node, restore_plan.world_size),
@@ -130,7 +133,7 @@ def from_plan(plan: Plan, ranks_per_node: int, gpus: int | None = None,
                   _node_groups(plan.rank_bytes(), ranks_per_node), file_bytes, ceiling,
                   workload_path, placement="from the plan: consecutive ranks on a node",
                   restore=restore, restore_layout=None if restore is None else restore.restore_layout,
-                  chunks=plan.n_chunks)
+                  chunks=plan.n_chunks, metadata_bytes=dcp_metadata_bytes(plan) or None)
 
 
 def _node_groups(rank_bytes: np.ndarray, ranks_per_node: int) -> tuple[tuple[float, int], ...]:

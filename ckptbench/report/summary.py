@@ -96,6 +96,8 @@ def iteration_stats(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             **stored_stats(rs, seconds),
             **restore_stats(phase_rec, manifest.get(key, [])),
             **({"parts": phase_rec["parts"]} if isinstance(phase_rec.get("parts"), dict) else {}),
+            **({"off_clock": phase_rec["off_clock"]}
+               if isinstance(phase_rec.get("off_clock"), dict) else {}),
             **({"rank_parts": phase_rec["rank_parts"]}
                if isinstance(phase_rec.get("rank_parts"), dict) else {}),
             **({"file_read_bytes": phase_rec["file_read_bytes"]}

@@ -49,6 +49,7 @@ from ckptbench.plan import Plan
 from ckptbench.records import (
     CheckpointRecord,
     LoopRecord,
+    RankRecord,
     Record,
     SavePhaseRecord,
     StepsRecord,
@@ -397,7 +398,10 @@ class AsyncLoop:
                 decision = Decision.failed(kind, message)
             span = next((r.commit_ns for r in c.sink.records
                          if isinstance(r, SavePhaseRecord)), None)
-            c.decision = decision.durable_at(span[1] if span else None)
+            # a format that commits itself (torch-dcp) is durable when its ranks are done
+            ends = [r.end_ns for r in c.sink.records if isinstance(r, RankRecord)]
+            c.decision = decision.durable_at(
+                span[1] if span else max(ends, default=None) if decision.ok else None)
 
         c.thread = threading.Thread(target=work, name=f"commit-{it}", daemon=True)
         c.thread.start()

@@ -75,7 +75,12 @@ from ckptbench.runner.comm import Comm
 from ckptbench.runner.decision import Decision, agree
 from ckptbench.runner.fill_in import fill_in_at, write_fill_ins
 from ckptbench.runner.options import RunOptions
-from ckptbench.runner.parts import coordinator_ops, restore_parts, save_parts
+from ckptbench.runner.parts import (
+    coordinator_ops,
+    restore_parts,
+    save_parts,
+    self_committed_parts,
+)
 from ckptbench.runner.phase_report import (
     PhaseReport,
     check_present,
@@ -406,11 +411,15 @@ def _commit(run: Iterations, name: str, it: int, gathered: list[PhaseReport],
         except BaseException as exc:
             failure = describe_error(exc)
     parts: dict[str, float] | None = None
-    if times:
+    off_clock: dict[str, float] | None = None
+    if times and run.fmt.commits_itself:  # the library committed: ours is bookkeeping
+        parts, off_clock = self_committed_parts(records, built, times)
+    elif times:
         records += coordinator_ops(it, records, built, times, manifest_key.rsplit("/", 1)[-1])
         parts = save_parts(records, built, times)
-    records.append(SavePhaseRecord(it, failure is None, ckpt, len(gathered),
-                                   [times.encoded, times.end] if times else None, parts))
+    records.append(SavePhaseRecord(
+        it, failure is None, ckpt, len(gathered),
+        [times.encoded, times.end] if times and off_clock is None else None, parts, off_clock))
     if failure is not None:
         remove_checkpoint(backend, run.made, name, uploads=True)
         records.append(ErrorRecord(it, "save", failure[0], failure[1], removed=ckpt))

@@ -66,6 +66,18 @@ def save_parts(records: Sequence[Record], built: int, times: CommitTimes) -> dic
     }
 
 
+def self_committed_parts(records: Sequence[Record], built: int, times: CommitTimes
+                         ) -> tuple[dict[str, float], dict[str, float]]:
+    """A save its library committed (torch-dcp): its parts (the ranks' span, which holds
+    the library's planning, writes and commit) and, off its clock, ckptbench's own
+    manifest after it (the gather, build and commit, kept for restores' checks)."""
+    start, end = _data_span(records)
+    start = start or built
+    end = max(end, start)
+    return ({"data": (end - start) / 1e9},
+            {"ckptbench_manifest": max(times.end - end, 0) / 1e9})
+
+
 def first_read(ops: Sequence[OpRecord], rank: int) -> tuple[int, int, int] | None:
     """A rank's (manifest read's end, first data read's start and end), or None where the
     rank read no data."""

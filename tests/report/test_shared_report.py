@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ckptbench.report import compare
 from ckptbench.report.data import load_runs
 from tests.report.chromium import visit
@@ -79,6 +81,11 @@ def test_the_job_section_gives_the_cadence_answer(mixed_runs: Runs, tmp_path: Pa
         assert job["restore_s"] == answer["cost"]["restore_s"]
         assert job["persist_s"] == answer["cost"]["persist_s"]
         assert set(job["save_parts_s"]) >= {"data"} and "restart" in job["restore_parts_s"]
+        # the modelled share of C and R, as `cadence` prints it: the same totals
+        cadence_totals = answer["job_model"]["shares"]["totals"]
+        assert job["shares"] == cadence_totals
+        assert sum(job["shares"]["save"].values()) == pytest.approx(answer["job_model"]["save_s"])
+        assert job["shares"]["save"]["modelled"] > 0  # DCP's coordinator at the job's chunks
     # The sync run has no persist. The async run's is its save beyond the blocking
     # snapshot, both scaled to the job: on a loaded machine the snapshot of tiny's 22 MiB
     # can take as long as its save, and the persist is then 0 (a measurement, not a bug).
@@ -86,6 +93,7 @@ def test_the_job_section_gives_the_cadence_answer(mixed_runs: Runs, tmp_path: Pa
     table = ckptbench("report", *paths, "--failure-preset", "llama3", "--width", "100")
     assert table.returncode == 0, table.stderr
     assert "what the job will see" in table.stdout and "goodput" in table.stdout
+    assert "measured vs modelled: C " in table.stdout and "modelled" in table.stdout
     page = tmp_path / "job.html"
     assert ckptbench("report", *paths, "--html", str(page), "--failure-preset", "rsc1",
                      "--gpus", "16").returncode == 0

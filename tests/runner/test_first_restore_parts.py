@@ -84,6 +84,6 @@ def test_the_job_model_charges_the_first_restore_once(s3_run, tmp_path: Path) ->
     e = jobmodel.estimate(m, jobmodel.uniform("t", 10**9 * 8 * 100, 800, 8),
                           restart_overhead_s=0.0, restart_source="test", force=True)
     assert e.restore is not None
-    assert set(e.restore.parts) == {"metadata", "setup", "first_byte"}
+    assert set(e.restore.parts) == {"metadata", "metadata_fan_in", "setup", "first_byte"}
     assert e.restore.parts["first_byte"] == pytest.approx(m.restore.parts["first_byte"])
     assert e.restore.total_s == pytest.approx(e.restore.data_s + sum(e.restore.parts.values()))
