@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -21,8 +22,9 @@ from ckptbench.runner.clean import KINDS, REMOVABLE, remove, survey
 def clean_command(target: str, yes: bool, as_json: bool, **_backend_values: Any) -> None:
     """List what ckptbench left on TARGET (a directory or s3://bucket/prefix): kept
     checkpoints, debris of interrupted runs, empty run directories; --yes removes them,
-    each by the names its run recorded. A run in progress and anything ckptbench did not
-    write are left alone."""
+    each by the names its run recorded. A killed --keep run's committed checkpoints are
+    kept (recorded as kept checkpoints). A run in progress, anything ckptbench did not
+    write and any file another user owns are left alone."""
     options = options_for_target(target, typed_backend_flags(click.get_current_context()))
     backend = open_backend(target, options)
     found = survey(backend)
@@ -36,6 +38,10 @@ def clean_command(target: str, yes: bool, as_json: bool, **_backend_values: Any)
         sign = ("removed" if entry.name in found.removed else "remove") \
             if entry.kind in REMOVABLE else "keep"
         click.echo(f"{sign:8}{entry.line()}")
+    for name, uid in found.not_owned:
+        click.echo(f"{'left' if yes else 'leave'} in place: {name} is owned by uid {uid}, "
+                   f"not uid {os.geteuid()} running clean (clean never deletes another "
+                   "user's file)")
     for name in found.left:
         click.echo(f"left in place (not written by ckptbench): {name}")
     n = len(found.removable)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptbench.records import JsonlSink
-from ckptbench.runner.tier_relaunch import discard, load_kept, relaunch
+from ckptbench.runner.tier_relaunch import discard, load_kept, refuse_live, relaunch
 
 
 @click.command("relaunch")
@@ -24,8 +24,11 @@ def relaunch_command(results: Path, replaced: tuple[int, ...], out: Path | None,
                      only_discard: bool) -> None:
     """Restore the newest checkpoint every shard is fully held for from the memory and
     peer copies a `run --keep-tiers` left (it died, or ended), verify every byte against
-    the save's digests, record which tier served each process, then remove the copies."""
+    the save's digests, record which tier served each process, then remove the copies.
+    A run still in progress (its process alive, or on another host its lease fresh, as
+    `ckptbench clean` tells) is refused: wait for it to end, or kill it first."""
     kept = load_kept(results)
+    refuse_live(kept)  # a run in progress: its copies are its own (as `clean` judges it)
     if only_discard:
         discard(kept)
         click.echo(f"removed the tier copies of run {kept.run_id}")

@@ -27,7 +27,15 @@ from ckptbench.runner.signals import say_on_signal, stop_on_signals
 @backend_options
 def restore_command(checkpoint: str, **_values: Any) -> None:
     """Restore CHECKPOINT (TARGET/RUN_ID/CHECKPOINT, kept with --keep), measured and
-    verified chunk by chunk, onto its restore layout or the one given."""
+    verified chunk by chunk, onto its restore layout or the one given.
+
+    Trust: the manifest's xxh3 digests catch damage, not tampering (whoever can write the
+    checkpoint can rewrite them). A torch-dcp checkpoint's .metadata (a pickle) is read
+    with an allow-list only, whatever its source: DCP's metadata classes, torch.Size,
+    dtypes, layouts, OrderedDict, paths; any other global is refused in one line (exit 2)
+    before anything in it runs. Still trusted: those classes and DCP's reads of the files
+    .metadata names (torch.load, weights_only), with either --restore-plan
+    (docs/formats.md)."""
     ctx = click.get_current_context()
     opts = settings(ctx, "restore")
     root, _ = split_checkpoint(checkpoint)

@@ -35,6 +35,13 @@ They add up to the op's seconds. A reader that is not DCP's ``FileSystemReader``
 of its subclasses) has no streams to time: no ``deserialise``, and its ``data`` is the
 whole ``read_data``.
 
+``.metadata`` is unpickled with an allow-list (:mod:`ckptbench.formats.safe_unpickle`):
+:class:`MetadataGuard` replaces the reader's ``read_metadata`` (DCP's own reads it with
+``pickle.load``, so a checkpoint from elsewhere could run code on restore) by the same
+read through the same stream, unpickled by ``MetadataUnpickler``, which refuses any global
+but the classes DCP's ``Metadata`` is made of before it is imported or called. The refusal
+reaches the run as one line (exit 2), not as DCP's ``CheckpointException`` of tracebacks.
+
 Verified after the clock: each saved chunk read is regenerated, its digest checked
 against the manifest's, and its overlap with the piece compared byte for byte.
 """
@@ -51,11 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from ckptbench.errors import SpecError
+from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes
 from ckptbench.formats.manifest import Digested
 from ckptbench.formats.ranged import restore_positions
+from ckptbench.formats.safe_unpickle import UnsafePickle, load_metadata
 from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
 from ckptbench.plan import Plan
@@ -99,6 +107,67 @@ def load_group(group: Any, hosting: bool, problem: BaseException | None,
 
         made[idx] = dist.new_group(ranks=list(idx), backend="gloo")
     return made[idx], False
+
+
+class _Refused(BaseException):
+    """An :class:`UnsafePickle` on its way through ``dcp.load``: not an ``Exception``, so
+    DCP's ``except Exception`` around ``read_metadata`` (which logs a traceback and falls
+    back to per-rank ``__<rank>.metadata`` files) lets it pass; DCP's collectives wrap it
+    like any other failure. :meth:`MetadataGuard.check` raises the refusal itself."""
+
+    def __init__(self, error: UnsafePickle) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class MetadataGuard:
+    """DCP's storage `reader` with its ``read_metadata`` replaced, in place, by one that
+    reads the same ``.metadata`` through the same stream (the reader's
+    ``fs.create_stream``) and unpickles it with the allow-list. Only DCP's
+    ``FileSystemReader`` and its subclasses (``FsspecReader``, s3torchconnector's
+    ``S3StorageReader``: every reader ckptbench makes) are read that way; any other reader
+    is refused (its own ``read_metadata`` would unpickle with no allow-list).
+
+    After ``dcp.load``, :meth:`check` raises the refusal (one line) if there was one,
+    whatever DCP made of it."""
+
+    def __init__(self, reader: Any) -> None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        if not isinstance(reader, FileSystemReader):
+            raise CkptbenchError(
+                f"DCP storage reader {type(reader).__name__}: ckptbench reads DCP's .metadata "
+                "only through a FileSystemReader's streams (unpickled with an allow-list); "
+                "allowed: a directory, an fsspec URL, s3:// (botocore or s3torchconnector)")
+        self.reader = reader
+        self.refused: UnsafePickle | None = None
+        reader.read_metadata = self._read_metadata
+
+    def _read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """FileSystemReader.read_metadata (torch 2.15), unpickling with the allow-list."""
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+        del args
+        reader = self.reader
+        path = reader._get_metadata_path(kwargs.get("rank"))
+        try:
+            with reader.fs.create_stream(path, "rb") as stream:
+                metadata = load_metadata(stream, str(path))
+            if not isinstance(metadata, Metadata):
+                raise UnsafePickle(f"{path}: holds a {type(metadata).__name__}, not DCP's "
+                                   "Metadata; the checkpoint is not restored")
+        except UnsafePickle as exc:
+            self.refused = exc
+            raise _Refused(exc) from None
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = reader.load_id
+        return metadata
+
+    def check(self) -> None:
+        """Raise the refusal of ``.metadata`` (one line), if the load had one."""
+        if self.refused is not None:
+            raise self.refused
 
 
 class _TimedRaw(io.RawIOBase):
@@ -185,9 +254,12 @@ def timed_stream(stream: Any, owner: TimedReader) -> Any:
 class TimedReader:
     """Times one ``dcp.load`` by DCP's calls into its storage reader (wrapped in place) and
     the reads of the file streams it opens (its ``fs.create_stream``, wrapped in place),
-    and counts the bytes of the items its final plan reads."""
+    and counts the bytes of the items its final plan reads. Its ``read_metadata``
+    unpickles ``.metadata`` with the allow-list (:class:`MetadataGuard`); :meth:`count`,
+    the first call after the load, raises a refusal of it (one line)."""
 
     def __init__(self, reader: Any) -> None:
+        self.guard = MetadataGuard(reader)
         self.reader = reader
         self.marks: dict[str, int] = {}
         self.read_bytes = 0  # payload of the saved chunks read (DCP reads each whole)
@@ -237,7 +309,9 @@ class TimedReader:
 
     def count(self) -> None:
         """Bytes of the saved chunks DCP's final plan read, from DCP's metadata (after
-        the load, off the clock)."""
+        the load, off the clock). First, the refusal of DCP's ``.metadata``, if any: one
+        line (UnsafePickle) instead of what ``dcp.load`` raised from it."""
+        self.guard.check()
         if len(self._read) < 2:
             return
         plan, planner = self._read[:2]
@@ -330,5 +404,5 @@ def verify_pieces(plan: Plan, gen: PayloadGenerator, jobs: list[FileJob],
     return out
 
 
-__all__ = ["PARTS", "TimedReader", "allocate_pieces", "check_load_processes", "load_group",
-           "verify_pieces"]
+__all__ = ["PARTS", "MetadataGuard", "TimedReader", "allocate_pieces", "check_load_processes",
+           "load_group", "verify_pieces"]

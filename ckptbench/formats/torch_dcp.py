@@ -70,6 +70,7 @@ from ckptbench.formats.common import (
     chunk_tasks,
 )
 from ckptbench.formats.dcp_load import (
+    MetadataGuard,
     TimedReader,
     allocate_pieces,
     check_load_processes,
@@ -475,12 +476,17 @@ class TorchDcpFormat(FormatBase):
         _, planner = _planners()
         res = ThreadResult()
         total = sum(t.nbytes for t in tasks)
+        guard = MetadataGuard(self._reader(ckpt))  # .metadata unpickled by the allow-list
         a = now()
         try:
-            dcp.load(state, storage_reader=self._reader(ckpt), planner=planner)
+            with warnings.catch_warnings():  # each process loads alone here, by design
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state, storage_reader=guard.reader, planner=planner)
         except BaseException as exc:
             res.error = exc
         b = now()
+        if guard.refused is not None:  # whatever DCP made of it: the one-line refusal
+            res.error = guard.refused
         res.op("dcp_load", jobs[0].index, total, a, b, {"object": f"{DCP_DIR}/"})
         self.progress(total)
         if res.error is None:

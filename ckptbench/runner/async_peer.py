@@ -37,9 +37,7 @@ from ckptbench.runner.tier_mpi import TAG_PLAIN, TAG_REPLICA
 from ckptbench.runner.tier_peer import GET, PUT, SINK, SOURCE, fetch, open_links, send, send_all
 from ckptbench.runner.tier_store import (
     PreparedCopy,
-    make_dirs,
-    node_dir,
-    remove_dirs,
+    make_run_dir,
     remove_names,
     touched,
 )
@@ -63,9 +61,9 @@ class BackgroundReplication:
         self.proc = comm.rank
         self.node = tplan.node_of[self.proc]
         self.nbytes = nbytes
-        make_dirs(tplan.spec.memory_dir, run_id, self.node)
+        self.run_dir = make_run_dir(comm, tplan, run_id)  # collective (runner.tier_store)
         self.server, self.mpi, self.addresses, self.transport = open_links(
-            comm, tplan, node_dir(tplan.spec.memory_dir, run_id, self.node))
+            comm, tplan, self.run_dir.node(self.node))
         self.sizes: list[int] = everyone(comm, nbytes)
         self.plain = touched(max(self.sizes))  # the plain transfers' memory, both ways
         self.server.lend(self.plain)
@@ -246,11 +244,17 @@ class BackgroundReplication:
             for c in self.posted.copies:
                 c.abandon()
             self.posted = None
-        remove_names(self.server.held)
+        refused: OSError | None = None
+        try:
+            remove_names(self.server.held)
+        except OSError as exc:  # the node's directory is not the one made: left alone
+            refused = exc
         self.server.close()
         if ok:
             self.comm.barrier()  # every process's names gone before the directories
-        remove_dirs(self.tp.spec.memory_dir, self.run_id, [self.node])
+        self.run_dir.remove_node(self.node)
+        if ok and refused is not None:
+            raise refused
 
 
 def _check(data: np.ndarray, jobs: list[FileJob], offsets: dict[int, int],

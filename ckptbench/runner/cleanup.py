@@ -340,8 +340,20 @@ def is_live(backend: Backend, run_dir: str, intent: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass  # a process of another user has that pid: compared below
+    if _exited(pid):
+        return False
     start, recorded = _process_start(pid), intent.get("pid_start")
     return start is None or recorded is None or start == recorded
+
+
+def _exited(pid: int) -> bool:
+    """Process `pid` has exited and waits to be reaped (a zombie: signal 0 still reaches
+    it, as when mpirun ended before the init process reaped its orphaned ranks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 # --- debris: what killed runs left ---

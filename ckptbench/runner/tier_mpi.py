@@ -18,12 +18,16 @@ answer, never a hang.
 from __future__ import annotations
 
 import contextlib
+import io
 import mmap
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ckptbench.runner.tier_store import Copy, open_held
 
 PIECE = 256 << 20
 MISSING = -1
@@ -66,7 +70,8 @@ class MpiPeers:
         as a training loop's step boundary does in async checkpointing)."""
         return bool(self.MPI.Request.Testall(reqs))
 
-    def fetch(self, serves: Sequence[tuple[int, Path | np.ndarray, int]], source: int | None,
+    def fetch(self, serves: Sequence[tuple[int, Path | Copy | np.ndarray, int]],
+              source: int | None,
               out: np.ndarray) -> bool:
         """Collective restart fetch. `serves`: (process, its replica's file, or memory to
         send as many bytes from (the plain transfer: written before the clock, never the
@@ -78,15 +83,18 @@ class MpiPeers:
         for k, (proc, path, nbytes) in enumerate(serves):
             if isinstance(path, np.ndarray):
                 maps.append((proc, None, path[:nbytes]))
-            elif path.is_file() and path.stat().st_size == nbytes:
-                with open(path, "rb") as f:
+            else:
+                f = _held(path)
+                if f is None:
+                    continue
+                with f:
+                    if os.fstat(f.fileno()).st_size != nbytes:
+                        continue
                     mapped = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) \
                         if nbytes else None
                 data = (np.frombuffer(mapped, dtype=np.uint8) if mapped is not None
                         else np.empty(0, dtype=np.uint8))
                 maps.append((proc, mapped, data))
-            else:
-                continue
             sizes[k] = nbytes
         got = np.full(1, MISSING, dtype=np.int64)
         self.exchange([(p, sizes[k:k + 1]) for k, (p, _, _) in enumerate(serves)],
@@ -104,22 +112,37 @@ class MpiPeers:
         return ok
 
 
-def _map_for(source: Path | np.ndarray, need: int
+def _held(source: Path | Copy) -> io.BufferedReader | None:
+    """The held copy opened for reading through its directory's checked descriptor
+    (runner.tier_store); None when there is none, or when its directory is not the one the
+    run made (a collective exchange is no place to stop: the reader is told it is missing)."""
+    with contextlib.suppress(OSError):
+        fd = open_held(source)
+        return None if fd is None else open(fd, "rb")
+    return None
+
+
+def _map_for(source: Path | Copy | np.ndarray, need: int
              ) -> tuple[mmap.mmap | None, np.ndarray] | None:
     """A copy's file mapped for reading, or the plain memory given; None when the file is
     missing or shorter than `need`."""
     if isinstance(source, np.ndarray):
         return None, source
-    if not source.is_file() or source.stat().st_size < need:
+    f = _held(source)
+    if f is None:
         return None
-    if need == 0:
-        return None, np.empty(0, dtype=np.uint8)
-    with open(source, "rb") as f:
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < need:
+            return None
+        if need == 0:
+            return None, np.empty(0, dtype=np.uint8)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return mapped, np.frombuffer(mapped, dtype=np.uint8)
 
 
-def fetch_ranges(peers: MpiPeers, serves: Sequence[tuple[int, Path | np.ndarray, Ranges]],
+def fetch_ranges(peers: MpiPeers,
+                 serves: Sequence[tuple[int, Path | Copy | np.ndarray, Ranges]],
                  wants: Sequence[tuple[int, Ranges]], out: np.ndarray) -> list[bool]:
     """Collective restart fetch onto another layout. `serves`: (reader, the copy's file
     or plain memory, its ranges) for each request made of this process, in the order the

@@ -2,7 +2,8 @@
 
 Every process serves the replicas it holds: a sender's shard arrives by ``recv_into`` the
 mapping of the replica's file in the holder's node directory (runner.tier_store: written
-as a part, renamed when complete), and a restarted process fetches it back the same way
+as a part, renamed when complete; every file reached through the directory's checked
+descriptor), and a restarted process fetches it back the same way
 into its new memory. The plain transfer that a replication is compared with sends the
 same bytes to the same process over the same kind of connection, and the plain transfer
 a fetch is compared with sends them back: both from and into memory of the shard's size
@@ -17,6 +18,11 @@ holder node's own memory copy of the source process; REPLICA_RANGES: its replica
 PLAIN_RANGES: as many bytes of the plain-transfer memory, the baseline): the header, a
 count, then (offset, bytes) per range; the holder answers the total (or MISSING) and sends
 the ranges in order (``sendfile`` from the copy's file).
+
+A process whose peer died (SIGKILL, OOM) sees its connection refused or cut: it raises
+``PeerDied`` only once the dead process's launcher has reaped it (a process on the same
+machine: /proc tells a dead one from a live one), so the run says which rank died and how,
+as a plain run does, rather than "Connection refused".
 """
 
 from __future__ import annotations
@@ -26,14 +32,24 @@ import os
 import socket
 import struct
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from ckptbench.backends.owned_dirs import NotMade
 from ckptbench.formats.base import everyone
 from ckptbench.runner.tier_mpi import MpiPeers, node_local
-from ckptbench.runner.tier_store import PreparedCopy, copy_name, mapped_copy
+from ckptbench.runner.tier_store import (
+    Copy,
+    PlainDir,
+    PreparedCopy,
+    copy_name,
+    mapped_copy,
+    open_held,
+)
 
 if TYPE_CHECKING:
     from ckptbench.plan.tiers import TierPlan
@@ -68,13 +84,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 class PeerServer:
     """This process's holder side: replicas in, replicas out, plain transfers discarded."""
 
-    def __init__(self, directory: Path, bind: str | None = "127.0.0.1") -> None:
-        """`bind` None: no socket (another transport, MPI, carries the bytes; the
-        replicas are still prepared, taken and held here)."""
-        self.directory = directory
+    def __init__(self, directory: Path | PlainDir, bind: str | None = "127.0.0.1") -> None:
+        """`directory`: the node's (runner.tier_store.NodeDir; a path: a test's own).
+        `bind` None: no socket (another transport, MPI, carries the bytes; the replicas are
+        still prepared, taken and held here)."""
+        self.directory = directory if isinstance(directory, PlainDir) else PlainDir(directory)
         self.sock = socket.create_server((bind, 0)) if bind is not None else None
         self.port = self.sock.getsockname()[1] if self.sock is not None else 0
-        self.held: list[Path] = []  # every replica written (removed by name at the end)
+        self.held: list[Copy] = []  # every replica written (removed by name at the end)
         self.errors: list[str] = []
         self.prepared: dict[tuple[int, int], PreparedCopy] = {}
         self.plain = np.empty(0, dtype=np.uint8)  # the plain transfers' memory (lend)
@@ -123,7 +140,7 @@ class PeerServer:
             self.plain = np.ones(nbytes, dtype=np.uint8)
         return self.plain[:nbytes]
 
-    def path(self, src: int, it: int) -> Path:
+    def path(self, src: int, it: int) -> Copy:
         return self.directory / copy_name(src, it, replica=True)
 
     def prepare(self, src: int, it: int, nbytes: int) -> None:
@@ -159,11 +176,11 @@ class PeerServer:
             copy.release()
 
     def _get(self, conn: socket.socket, src: int, it: int) -> None:
-        path = self.path(src, it)
-        if not path.is_file():
+        fd = open_held(self.path(src, it))
+        if fd is None:
             conn.sendall(struct.pack("!Q", MISSING))
             return
-        with open(path, "rb", buffering=0) as f:
+        with open(fd, "rb", buffering=0) as f:
             conn.sendall(struct.pack("!Q", os.fstat(f.fileno()).st_size))
             conn.sendfile(f)
 
@@ -181,13 +198,16 @@ class PeerServer:
             return
         path = (self.path(src, it) if op == REPLICA_RANGES
                 else self.directory / copy_name(src, it))
-        if not path.is_file() or path.stat().st_size < end:
-            conn.sendall(struct.pack("!Q", MISSING))
-            return
         # Sent from the copy's mapping, as the baseline sends from memory: per range a
         # sendfile() measured 0.73-0.86x the plain transfer, where the whole copy's
         # sendfile (GET) keeps up.
-        mapped, held = mapped_copy(path, end)
+        try:
+            mapped, held = mapped_copy(path, end)
+        except NotMade:
+            raise
+        except OSError:  # none held, or shorter than the ranges
+            conn.sendall(struct.pack("!Q", MISSING))
+            return
         try:
             conn.sendall(struct.pack("!Q", total))
             for at, n in ranges:
@@ -209,6 +229,71 @@ class PeerServer:
         self.sock.close()
 
 
+# The processes of this machine that this one reaches by TCP, by address: (process, pid,
+# start time in /proc). A connection to one of them that fails because it died waits
+# until its launcher has reaped it (the local launcher learns which rank died, and how,
+# when it reaps it: runner.launch_local), then raises PeerDied, so the run reports the
+# dead rank as a plain run does and not this process's "Connection refused".
+_PEERS: dict[tuple[str, int], tuple[int, int, str]] = {}
+REAP_WAIT_S = 10.0  # at most, for a dead peer to be reaped (then PeerDied all the same)
+
+
+class PeerDied(ConnectionError):
+    """The process at the other end of a peer connection has died."""
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of process `pid` (/proc/PID/stat); None: no such process, or
+    no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _watch_peers(comm: Comm, machines: list[str], addresses: list[tuple[str, int]]) -> None:
+    """Collective: the processes on this machine, by their servers' addresses (none
+    without /proc: their deaths cannot be told from other failures)."""
+    pid = os.getpid()
+    found = _stat(pid)
+    ids = everyone(comm, (pid, found[1] if found else ""))
+    here = machines[comm.rank]
+    _PEERS.update({(a[0], a[1]): (p, peer, start) for p, (a, m, (peer, start))
+                   in enumerate(zip(addresses, machines, ids, strict=True))
+                   if m == here and start and p != comm.rank})
+
+
+def _reaped(address: tuple[str, int]) -> bool:
+    """Whether the process serving `address` has died: if so, once its launcher has
+    reaped it (REAP_WAIT_S at most); False at once for a live or unknown one."""
+    peer = _PEERS.get(address)
+    if peer is None:
+        return False
+    _, pid, start = peer
+    found = _stat(pid)
+    if found is not None and found[1] == start and found[0] not in ("Z", "X"):
+        return False  # alive: the connection failed for another reason
+    deadline = time.monotonic() + REAP_WAIT_S
+    while found is not None and found[1] == start and time.monotonic() < deadline:
+        time.sleep(0.005)
+        found = _stat(pid)
+    return True
+
+
+@contextlib.contextmanager
+def _peer(address: tuple[str, int]) -> Iterator[None]:
+    """Around a connection to the process at `address`: an error on it because that
+    process died is PeerDied, raised once the process is reaped."""
+    try:
+        yield
+    except OSError as exc:
+        if not _reaped(address):
+            raise
+        raise PeerDied(f"peer process {_PEERS[address][0]} ({address[0]}:{address[1]}) died: "
+                       f"{exc.strerror or exc}") from None
+
+
 def _connect(address: tuple[str, int]) -> socket.socket:
     sock = socket.create_connection(address, timeout=TIMEOUT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -218,7 +303,7 @@ def _connect(address: tuple[str, int]) -> socket.socket:
 def send(address: tuple[str, int], op: int, src: int, it: int, data: np.ndarray) -> None:
     """`data` to the holder at `address` (PUT: kept as src's replica; SINK: discarded);
     returns once the holder has every byte (its acknowledgement)."""
-    with _connect(address) as sock:
+    with _peer(address), _connect(address) as sock:
         sock.sendall(HEADER.pack(op, src, it, data.nbytes))
         sock.sendall(data.data)
         if _recv_exact(sock, 1) != b"\1":
@@ -250,7 +335,7 @@ def fetch(address: tuple[str, int], src: int, it: int, out: np.ndarray,
     """src's replica of checkpoint `it` from the holder at `address` into `out` (GET;
     SOURCE: as many bytes the holder makes up, the plain transfer); False when the holder
     has none."""
-    with _connect(address) as sock:
+    with _peer(address), _connect(address) as sock:
         sock.sendall(HEADER.pack(op, src, it, out.nbytes))
         (nbytes,) = struct.unpack("!Q", _recv_exact(sock, 8))
         if nbytes == MISSING:
@@ -268,7 +353,7 @@ def fetch_ranges(address: tuple[str, int], op: int, src: int, it: int,
     `it` from the process at `address` (op: RANGES, REPLICA_RANGES or PLAIN_RANGES) into
     `out`, each where it goes; False when it holds no such copy."""
     total = sum(n for _, n, _ in ranges)
-    with _connect(address) as sock:
+    with _peer(address), _connect(address) as sock:
         sock.sendall(HEADER.pack(op, src, it, total) + COUNT.pack(len(ranges))
                      + b"".join(RANGE.pack(at, n) for at, n, _ in ranges))
         (nbytes,) = struct.unpack("!Q", _recv_exact(sock, 8))
@@ -292,7 +377,7 @@ class PeerLinks(NamedTuple):
     transport: str  # as the tier records name it
 
 
-def open_links(comm: Comm, tp: TierPlan, directory: Path) -> PeerLinks:
+def open_links(comm: Comm, tp: TierPlan, directory: PlainDir) -> PeerLinks:
     """Collective: this process's peer server (its replicas in `directory`) and how it
     reaches the others (runner.tiers, runner.async_peer)."""
     # Reached at the machine's name: a node is the scheduler's (comm.host()), and the
@@ -304,4 +389,5 @@ def open_links(comm: Comm, tp: TierPlan, directory: Path) -> PeerLinks:
     loopback = len(set(machines)) == 1
     server = PeerServer(directory, "127.0.0.1" if loopback else "0.0.0.0")
     addresses = everyone(comm, ("127.0.0.1" if loopback else machine, server.port))
+    _watch_peers(comm, machines, addresses)
     return PeerLinks(server, None, addresses, "tcp-loopback" if loopback else "tcp")

@@ -26,7 +26,6 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from ckptbench.runner.tier_mpi import MpiPeers, Ranges, fetch_ranges
 from ckptbench.runner.tier_peer import PLAIN_RANGES, RANGES, REPLICA_RANGES
 from ckptbench.runner.tier_peer import fetch_ranges as fetch_ranges_tcp
 from ckptbench.runner.tier_storage import StoragePart
-from ckptbench.runner.tier_store import copy_name, read_ranges, touched
+from ckptbench.runner.tier_store import Copy, PlainDir, copy_name, read_ranges, touched
 
 # A chunk's save digest by (file index, offset in the file).
 ChunkDigests = dict[tuple[int, int], int]
@@ -94,7 +93,7 @@ class ReshardRestart:
     source: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint8))
     stored: set[int] = field(default_factory=set)  # group: owners only storage holds
     part: StoragePart | None = None  # group: this process's storage read
-    local: list[tuple[Path, Ranges]] = field(default_factory=list)
+    local: list[tuple[Copy, Ranges]] = field(default_factory=list)
     remote: list[tuple[Source, Ranges]] = field(default_factory=list)  # (holder, owner) order
     rounds: dict[str, list[tuple[int, int]]] = field(
         default_factory=lambda: {"read": [], "baseline": []})
@@ -115,7 +114,7 @@ class ReshardRestart:
 
 
 def plan_restart(scenario: str, it: int, lost: set[int], reads: list[CopyRead],
-                 tp: TierPlan, proc: int, directory: Path,
+                 tp: TierPlan, proc: int, directory: PlainDir,
                  missing: Callable[[int, int], str], held: bool = True) -> ReshardRestart:
     """The restart's sources and ranges for process `proc` (its reads: `reads`; `held`:
     whether the tiers still hold checkpoint `it`). A chunk no copy holds is storage's in
@@ -167,7 +166,7 @@ class Mover:
     """Moves a restart's ranges, read or baseline: the node's own ranges in a thread beside
     the fetches (TCP: a thread per holder; MPI: collective, on the calling thread)."""
 
-    def __init__(self, proc: int, directory: Path, plain: np.ndarray,
+    def __init__(self, proc: int, directory: PlainDir, plain: np.ndarray,
                  addresses: list[tuple[str, int]], mpi: MpiPeers | None) -> None:
         self.proc, self.dir, self.plain = proc, directory, plain
         self.addresses, self.mpi = addresses, mpi
@@ -223,11 +222,11 @@ class Mover:
 
     def _fetch_mpi(self, r: ReshardRestart, plain: bool, missing: list[str]) -> None:
         assert self.mpi is not None
-        serves: list[tuple[int, Path | np.ndarray, Ranges]] = []
+        serves: list[tuple[int, Copy | np.ndarray, Ranges]] = []
         for reader, asks in enumerate(self.asked):
             for holder, owner, replica, ranges in asks:
                 if holder == self.proc:
-                    src: Path | np.ndarray = (self.plain if plain else
+                    src: Copy | np.ndarray = (self.plain if plain else
                                               self.dir / copy_name(owner, r.it, replica))
                     serves.append((reader, src, [(at, n, 0) for at, n in ranges]))
         # A holder sends what it has whatever happened here: after an `error` too, every

@@ -101,14 +101,15 @@ class Restart:
 
 
 def held_record(tp: TierPlan, run_id: str, it: int, files: list[list[tuple[str, int]]],
-                digests: list[list[int]]) -> dict[str, Any]:
+                digests: list[list[int]], dirs: dict[str, Any]) -> dict[str, Any]:
     """``tier_held``: checkpoint `it` is held by every tier (every copy complete, every
     replica acknowledged), written by process 0 once all are, so a checkpoint cut off in
-    flight has none; where its copies are (by name: runner.tier_store's layout) and the
-    save's digests a relaunch checks them against (runner.tier_relaunch)."""
+    flight has none; where its copies are (runner.tier_store's layout: `dirs`, the run's
+    directory under --memory-dir by name and every host's identities, RunDir.record) and
+    the save's digests a relaunch checks them against (runner.tier_relaunch)."""
     n = len(tp.node_of)
     return {"type": "tier_held", "iteration": it, "run_id": run_id,
-            "memory_dir": tp.spec.memory_dir, "memory": tp.spec.has("memory"),
+            "memory_dir": tp.spec.memory_dir, **dirs, "memory": tp.spec.has("memory"),
             "node_of": list(tp.node_of),
             "holders": [tp.holders(p) if tp.spec.has("peer") else [] for p in range(n)],
             "files": [[[name, size] for name, size in f] for f in files],

@@ -32,7 +32,6 @@ manifest is); a mismatch or a shard no tier holds is one line naming it.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,12 +60,13 @@ from ckptbench.runner.tier_restart import (
 )
 from ckptbench.runner.tier_restart_run import SavedLayoutRestarts
 from ckptbench.runner.tier_store import (
+    Copy,
+    NodeDir,
     PreparedCopy,
+    RunDir,
     copy_name,
-    make_dirs,
+    make_run_dir,
     memory_pages,
-    node_dir,
-    remove_dirs,
     remove_names,
     touched,
 )
@@ -85,12 +85,12 @@ class TierRun:
         self.spec = self.tp.spec
         self.proc = self.comm.rank
         self.node = self.tp.node_of[self.proc]
-        self.dir = node_dir(self.spec.memory_dir, self.o.run_id, self.node)
+        self.run_dir: RunDir | None = None  # made by _start (runner.tier_store)
         self.pages = memory_pages(self.spec.memory_dir) if self.spec.has("memory") else ""
         self.gen = PayloadGenerator(self.o.payload, self.o.seed)
         self.offset = self.comm.clock_offset_ns()
         self.records: list[dict[str, Any]] = []
-        self.mine: list[Path] = []  # this process's own copies, by name
+        self.mine: list[Copy] = []  # this process's own copies, by name
         self.expected: dict[int, list[list[int]]] = {}  # process 0: it -> digests per process
         self.server: PeerServer | None = None
         self.addresses: list[tuple[str, int]] = []
@@ -105,6 +105,12 @@ class TierRun:
         self.owners: dict[int, tuple[int, int]] = {}  # saved file -> (process, offset)
         self.chunk_digests: ChunkDigests = {}  # this process's, of the newest checkpoint
         self.expected_chunks: dict[int, ChunkDigests] = {}  # process 0: it -> all
+
+    @property
+    def dir(self) -> NodeDir:
+        """This process's node's directory under --memory-dir (every copy goes through it)."""
+        assert self.run_dir is not None, "made by _start"
+        return self.run_dir.node(self.node)
 
     # --- the run ---
     def run_all(self) -> None:
@@ -146,7 +152,13 @@ class TierRun:
             self.run.options = self.o
 
     def _start(self) -> None:
-        make_dirs(self.spec.memory_dir, self.o.run_id, self.node)
+        self.run_dir = make_run_dir(self.comm, self.tp, self.o.run_id)
+        if self.spec.keep and self.run.sink is not None:
+            # where the copies are, before any checkpoint is held: a relaunch's --discard
+            # finds them by it (runner.tier_relaunch)
+            self.run.sink.write({"type": "tier_dirs", "run_id": self.o.run_id,
+                                 "memory_dir": self.spec.memory_dir, **self.run_dir.record()})
+            self.run.sink.flush()
         plan, rplan = self.run.plan, self.run.rplan
         if rplan is not None and reshards(rplan, plan):
             self.owners = copy_offsets(plan, everyone(self.comm, list(self.run.my_ranks)))
@@ -176,14 +188,20 @@ class TierRun:
         if self.kept and self.comm.rank == 0 and not self.o.keep:
             remove_checkpoint(self.run.backend, self.run.made,
                               self.run.plan.checkpoint_name(self.kept))
-        if not self.spec.keep:  # kept: a relaunch reads them (runner.tier_relaunch)
-            remove_names(self.mine + (self.server.held if self.server is not None else []))
+        refused: OSError | None = None
+        if not self.spec.keep and self.run_dir is not None:  # kept: a relaunch reads them
+            try:
+                remove_names(self.mine + (self.server.held if self.server is not None else []))
+            except OSError as exc:  # the node's directory is not the one made: left alone
+                refused = exc
         if self.server is not None:
             self.server.close()
         if ok:
             self.comm.barrier()  # every process's names gone before the directories
-        if not self.spec.keep:
-            remove_dirs(self.spec.memory_dir, self.o.run_id, [self.node])
+        if not self.spec.keep and self.run_dir is not None:
+            self.run_dir.remove_node(self.node)
+        if ok and refused is not None:
+            raise refused
 
     # --- one checkpoint ---
     def _fill(self, it: int) -> list[int]:
@@ -257,8 +275,9 @@ class TierRun:
                          replicas=len(holders))
         self.comm.barrier()  # every copy of `it` held before anything goes on
         if self.spec.keep and self.run.sink is not None and it in self.expected:
+            assert self.run_dir is not None
             self.run.sink.write(held_record(self.tp, self.o.run_id, it, self.files,
-                                            self.expected[it]))
+                                            self.expected[it], self.run_dir.record()))
             self.run.sink.flush()  # in the results before the next checkpoint starts
 
     def _replicate(self, it: int, state: np.ndarray, holders: list[int]

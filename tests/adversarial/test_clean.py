@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .lifecycle import TINY, run, tree
+from .lifecycle import TINY, env, run, tree
 from .runs import one_line
 
 INTENT = ".ckptbench-run"
@@ -99,7 +99,8 @@ def test_clean_lists_then_removes_kept_debris_and_empty_by_name(kept_target: Pat
     debris and an empty run directory; a neighbour's file, directory and links (at the top
     and inside the runs) stay, as does a live run of this host."""
     target, kept = _target(kept_target, tmp_path)
-    _copy_run(kept, "run-20260101-000000-2", state="running", pid=_dead_pid())
+    _copy_run(kept, "run-20260101-000000-2", state="running", pid=_dead_pid(),
+              keep=False)  # killed without --keep: all of it is debris
     _copy_run(kept, "run-20260101-000000-3", state="running", pid=os.getpid(),
               pid_start=None)  # this very process: alive
     (target / "run-20260101-000000-4").mkdir()  # what an interrupted restore could leave
@@ -139,7 +140,7 @@ def test_a_run_of_another_host_is_cleaned_only_once_its_lease_expired(
     """A run whose intent names another host: left alone while its lease is fresh, debris
     (and removed) once the lease is older than its timeout."""
     target, kept = _target(kept_target, tmp_path)
-    elsewhere = {"state": "running", "host": "another-node.example", "pid": 1}
+    elsewhere = {"state": "running", "host": "another-node.example", "pid": 1, "keep": False}
     fresh = _copy_run(kept, "run-20260101-000000-2", **elsewhere,
                       started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     (fresh / LEASE).write_text(json.dumps({"renewed": time.time(), "timeout_s": 300,
@@ -215,3 +216,106 @@ def test_clean_on_s3_removes_the_kept_run_and_nothing_else(minio_server, tmp_pat
     keys = minio_server.list_keys(minio_server.bucket, prefix + "/")
     assert sorted(keys) == sorted([f"{prefix}/.ckptbench-target", f"{prefix}/notes.txt",
                                    f"{prefix}/{run_id}/mine.txt"])
+
+
+# --- issue 43 item 7: a killed --keep run's committed checkpoint; another user's files ---
+HOOK = Path(__file__).resolve().parent / "hooked_run.py"
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+def _killed_keep_run(tmp_path: Path) -> Path:
+    """A --keep run of 3 iterations SIGKILLed after the commit of checkpoint 1 (hooked_run
+    kill:1), as it was about to restore it; its run directory. Checkpoint 2 is then made
+    as a save cut off by the kill leaves it: its directory created and recorded in the
+    intent, one file written, no manifest. Checkpoint 3 never existed."""
+    tmp_path.mkdir(exist_ok=True)
+    r = subprocess.run([sys.executable, str(HOOK), "kill:1", "--", str(TINY), "--target",
+                        str(tmp_path / "t"), "--iterations", "3", "--keep",
+                        "--results", str(tmp_path / "r.jsonl")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env())
+    assert r.returncode == -9, r.stderr[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "t").iterdir() if p.name.startswith("run-")]
+    intent = json.loads((run_dir / INTENT).read_text())
+    assert intent["state"] == "running" and intent["keep"] is True
+    assert intent["checkpoints"] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert (run_dir / "checkpoint-1" / intent["manifest"]).is_file()
+    (run_dir / "checkpoint-2").mkdir()
+    (run_dir / "checkpoint-2" / intent["files"][0]).write_bytes(b"cut off")
+    st = os.stat(run_dir / "checkpoint-2")
+    intent["ids"]["checkpoint-2"] = [st.st_dev, st.st_ino]
+    (run_dir / INTENT).write_text(json.dumps(intent))
+    return run_dir
+
+
+def test_a_killed_keep_runs_committed_checkpoint_is_kept_not_debris(tmp_path: Path) -> None:
+    """The committed checkpoint 1 is listed as kept, never as debris; the debris listed is
+    only what the run made (checkpoint 2, not checkpoint 3); --yes removes that, keeps
+    checkpoint 1 (which restores) and records it as kept."""
+    run_dir = _killed_keep_run(tmp_path)
+    target = run_dir.parent
+    ckpt1 = tree(run_dir / "checkpoint-1")
+
+    dry = _clean(target)
+    assert dry.returncode == 0, dry.stderr
+    assert "checkpoint-3" not in dry.stdout, dry.stdout
+    (line,) = [x for x in dry.stdout.splitlines() if run_dir.name in x]
+    debris, _, rest = line.partition(";")
+    assert "debris" in debris and "checkpoint-2" in debris, line
+    assert "checkpoint-1" not in debris and "checkpoint-1" in rest and "kept" in rest, line
+    as_json = json.loads(_clean(target, "--json").stdout)
+    (entry,) = [f for f in as_json["found"] if f["name"] == run_dir.name]
+    assert entry["kind"] == "debris" and entry["checkpoints"] == ["checkpoint-2"], entry
+    assert entry["committed"] == ["checkpoint-1"], entry
+
+    done = _clean(target, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "checkpoint-3" not in done.stdout, done.stdout
+    assert tree(run_dir / "checkpoint-1") == ckpt1
+    assert not (run_dir / "checkpoint-2").exists() and not (run_dir / LEASE).exists()
+    record = json.loads((run_dir / INTENT).read_text())
+    assert record["state"] == "kept" and record["checkpoints"] == ["checkpoint-1"]
+    r = run("restore", str(run_dir / "checkpoint-1"), "--results", str(tmp_path / "x.jsonl"),
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    again = _clean(target)
+    assert any(line.startswith("remove") and run_dir.name in line and "kept checkpoints" in line
+               and "(checkpoint-1)" in line for line in again.stdout.splitlines()), again.stdout
+
+
+@needs_root
+def test_clean_leaves_a_file_another_user_owns(kept_target: Path, tmp_path: Path) -> None:
+    """A file with a name the run recorded, owned by another uid (nobody), in a kept run and
+    in a killed run's debris: --yes deletes the run's own files around it, leaves that one
+    and says why (its owner)."""
+    target, kept = _target(kept_target, tmp_path)
+    theirs = sorted((kept / "checkpoint-2").glob("*.distcp"))[0]
+    os.chown(theirs, NOBODY, NOBODY)
+    data = theirs.read_bytes()
+    done = _clean(target, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert theirs.read_bytes() == data and theirs.stat().st_uid == NOBODY
+    assert not (kept / "checkpoint-1").exists()  # the run's own files went
+    assert [p.name for p in (kept / "checkpoint-2").iterdir()] == [theirs.name]
+    (line,) = [x for x in done.stdout.splitlines() if theirs.name in x]
+    assert f"uid {NOBODY}" in line and "owned" in line, done.stdout
+
+    run_dir = _killed_keep_run(tmp_path / "killed")
+    cut = run_dir / "checkpoint-2" / json.loads((run_dir / INTENT).read_text())["files"][0]
+    os.chown(cut, NOBODY, NOBODY)
+    done = _clean(run_dir.parent, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert cut.read_bytes() == b"cut off" and f"uid {NOBODY}" in done.stdout, done.stdout
+
+
+@needs_root
+def test_a_run_whose_intent_another_user_owns_is_left_alone(kept_target: Path,
+                                                          tmp_path: Path) -> None:
+    target, kept = _target(kept_target, tmp_path)
+    os.chown(kept / INTENT, NOBODY, NOBODY)
+    before = tree(target)
+    done = _clean(target, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert tree(target) == before
+    (line,) = [x for x in done.stdout.splitlines() if kept.name in x]
+    assert line.startswith("keep") and f"uid {NOBODY}" in line, line

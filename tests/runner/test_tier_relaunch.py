@@ -107,7 +107,7 @@ def killed_and_relaunched(tmp_path: Path, shm: Path, launch: list[str],
     assert all(r["bytes"] == sum(s for _n, s in h["files"][r["process"]])
                for r in out for h in recs if h["type"] == "tier_held" and h["iteration"] == 2)
     assert "not held (cut off in flight), not restored: checkpoint(s) 3" in done.stdout
-    assert copies(shm) == [] and not (shm / f"ckptbench-{run_id}").exists()
+    assert copies(shm) == [] and not list(shm.glob(f"ckptbench-{run_id}-*"))
 
 
 def test_a_node_killed_during_replication_relaunches_from_the_previous_checkpoint(
@@ -127,9 +127,10 @@ def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it
         tmp_path: Path, shm: Path) -> None:
     kept = kept_run(tmp_path, shm, "kept", "--keep-tiers")
     run_id = records(kept)[0]["run_id"]
-    node0 = shm / f"ckptbench-{run_id}" / "node0"
+    (made,) = shm.glob(f"ckptbench-{run_id}-*")  # its name has a random part
+    node0 = made / "node0"
     before = copies(shm)
-    assert f"ckptbench-{run_id}/node0/p0-ckpt2.bin" in before
+    assert f"{made.name}/node0/p0-ckpt2.bin" in before
 
     other = kept_run(tmp_path, shm, "other")  # its copies went with it
     done = relaunch(str(other))
@@ -170,7 +171,7 @@ def test_a_relaunch_at_a_changed_byte_gone_copies_or_another_run_fails_naming_it
     foreign.write_text("not ckptbench's")
     done = relaunch(str(kept), "--discard")
     assert done.returncode == 0, done.stderr
-    assert copies(shm) == [f"ckptbench-{run_id}/node0/notes.txt"]
+    assert copies(shm) == [f"{made.name}/node0/notes.txt"]
 
 
 def test_an_altered_results_file_is_one_line_and_the_copies_stay(
@@ -208,7 +209,8 @@ def test_an_altered_results_file_is_one_line_and_the_copies_stay(
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     assert f"the shard has {1 << 50}" in done.stderr
     assert copies(shm) == before
-    stray = shm / f"ckptbench-{recs[0]['run_id']}" / "node9"  # a file, not a node's directory
+    (made,) = shm.glob(f"ckptbench-{recs[0]['run_id']}-*")
+    stray = made / "node9"  # a file, not a node's directory
     stray.write_text("not ckptbench's")
     done = relaunch(str(kept), "--out", str(tmp_path / "out.jsonl"))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -218,7 +220,7 @@ def test_an_altered_results_file_is_one_line_and_the_copies_stay(
 def test_a_lost_memory_copy_is_served_by_its_peer(
         tmp_path: Path, shm: Path) -> None:
     kept = kept_run(tmp_path, shm, "kept", "--keep-tiers")
-    run = shm / f"ckptbench-{records(kept)[0]['run_id']}"
+    (run,) = shm.glob(f"ckptbench-{records(kept)[0]['run_id']}-*")
     (run / "node0" / "p0-ckpt2.bin").unlink()
     done = relaunch(str(kept), "--out", str(tmp_path / "a.jsonl"), "--replaced-node", "7")
     assert done.returncode == 2 and "--replaced-node 7: allowed: a node of the run, 0-1" \

@@ -434,22 +434,25 @@ def test_a_run_stopped_mid_checkpoint_leaves_no_copy_in_memory(tmp_path: Path,
 
 def test_removing_a_runs_copies_takes_its_names_only_and_follows_no_link(tmp_path: Path
                                                                         ) -> None:
-    from ckptbench.runner.tier_store import remove_run_copies, run_dir
+    """A run's copies are removed by their names, in the node directories it made only:
+    a link at a copy's name or a node's name is not followed, other files stay."""
+    from ckptbench.runner.tier_store import RunDir, _make, remove_copies, run_dir_name
 
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "p0-ckpt1.bin").write_bytes(b"theirs")
-    node0 = run_dir(str(tmp_path), "run-1") / "node0"
-    node0.mkdir(parents=True)
-    for name in ("p0-ckpt1.bin", "replica-p3-ckpt2.bin.part", "notes.txt"):
-        (node0 / name).write_bytes(b"x")
+    name = run_dir_name("run-1", "0123456789abcdef")
+    ident, nodes = _make(str(tmp_path), name, [0])
+    node0 = tmp_path / name / "node0"
+    for copy in ("p0-ckpt1.bin", "replica-p3-ckpt2.bin.part", "notes.txt"):
+        (node0 / copy).write_bytes(b"x")
     (node0 / "p1-ckpt1.bin").symlink_to(outside / "p0-ckpt1.bin")
     (node0.parent / "node1").symlink_to(outside)
-    remove_run_copies(str(tmp_path), "run-1")
+    run = RunDir(str(tmp_path), name, ident, nodes, ((ident, nodes),))
+    assert remove_copies(run) == []
     assert sorted(p.name for p in node0.iterdir()) == ["notes.txt"]
     assert (outside / "p0-ckpt1.bin").read_bytes() == b"theirs"
     assert (node0.parent / "node1").is_symlink()
-    remove_run_copies(str(tmp_path), "run-2")  # nothing there: nothing done
 
 
 def test_a_node_restarts_fetches_and_their_plain_transfers_run_beside_alike_neighbours(
