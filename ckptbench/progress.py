@@ -184,14 +184,16 @@ class Status:
         """Each rank's bytes moved so far (a launcher that sees them: local processes)."""
         self._ranks_moved = list(moved)
 
-    def phase(self, label: str) -> None:
+    def phase(self, label: str, at_once: bool = False) -> None:
         """A phase without bytes of its own ("building the plan"); with an interval of 0,
-        its line is printed at once."""
+        or `at_once` (work known to take long: the user is told before it starts, not
+        after the interval), its line is printed at once."""
         with self._lock:
             self._phase = label
-        if self.kind == "plain" and self.settings.interval == 0 and self._thread is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._tick()
+        if self.kind == "plain" and self._thread is not None and (
+                at_once or self.settings.interval == 0):
+            with contextlib.suppress(OSError, ValueError), self._draw:
+                self._draw_now(False, force=at_once)  # the interval counts from this line
 
     def note(self, text: str) -> None:
         """A line for the user on stderr that leaves the live line whole."""
@@ -232,7 +234,7 @@ class Status:
         with self._draw:  # the thread, and phase() with an interval of 0
             self._draw_now(final)
 
-    def _draw_now(self, final: bool) -> None:
+    def _draw_now(self, final: bool, force: bool = False) -> None:
         now = time.monotonic()
         phase, done, rate, of_phase, slowest, index = self._state(now)
         elapsed = now - self._start
@@ -242,8 +244,8 @@ class Status:
             return
         interval = self.settings.interval
         changed = self._shown != (phase, done)
-        due = (changed if interval == 0 else now - self._last_line >= interval
-               and elapsed >= interval)
+        due = force or (changed if interval == 0 else now - self._last_line >= interval
+                        and elapsed >= interval)
         if interval == 0 and self.kind == "plain":
             self._skipped(index, elapsed, rate)
         if (due and phase) or (final and self.printed):

@@ -33,6 +33,7 @@ one host. Records never carry credentials: every record passes through
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -335,7 +336,9 @@ class RecordSink(Protocol):
 
 class JsonlSink:
     """Appends records to a JSONL file that did not exist before (never overwrites), and
-    keeps what it wrote in memory, so the caller summarizes without reading the file back."""
+    keeps what it wrote in memory, so the caller summarizes without reading the file back.
+    A write that fails (a full file system) removes the file it created: no empty or
+    cut-off file is left looking like results."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -370,12 +373,14 @@ class JsonlSink:
         return self._f is not None and not self.broken
 
     def write(self, record: Record | dict[str, Any]) -> None:
-        assert self._f is not None
         if self.broken:  # the failure was raised once; cleanup's records have nowhere to go
             return
         data = redact(as_dict(record))
         line = json.dumps(data, separators=(",", ":")) + "\n"
         with self._lock:
+            if self.broken:  # another thread's write failed meanwhile (the file is gone)
+                return
+            assert self._f is not None
             self.records.append(data)
             try:
                 self._f.write(line)
@@ -403,11 +408,37 @@ class JsonlSink:
                 f.close()
 
     def _failed(self, exc: OSError) -> Exception:
+        """A write or flush failed (ENOSPC, EIO, EDQUOT): nothing more is written, and the
+        file this sink created is removed, so no empty or cut-off file looks like results."""
         from ckptbench.errors import CkptbenchError
 
         self.broken = True
-        return CkptbenchError(f"{self.path}: cannot write results ({exc.strerror}); the run "
-                              "was stopped; allowed: a results path with room (--results)")
+        removed = self._remove_own_file()
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        return CkptbenchError(f"{self.path}: cannot write results ({exc.strerror}): errno "
+                              f"{code}; the run was stopped and "
+                              + ("its partial results file removed" if removed else
+                                 "its partial results file left (it is not whole)")
+                              + "; allowed: a results path with room (--results)")
+
+    def _remove_own_file(self) -> bool:
+        """Close and unlink the file open() created, if the path is still that file (never
+        one that replaced it); True when it is gone."""
+        f, self._f = self._f, None
+        if f is None:
+            return False
+        try:
+            mine = os.fstat(f.fileno())
+            there = os.stat(self.path, follow_symlinks=False)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                self.path.unlink()
+                return True
+            return False
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):  # the buffered tail cannot be written either
+                f.close()
 
 
 _JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", bool: "a boolean",
@@ -416,6 +447,7 @@ _JSON_KINDS = {list: "a JSON array", type(None): "null", str: "a JSON string", b
 
 # A results file is read whole into memory (report, cadence): larger is not one of ours.
 MAX_RESULTS_BYTES = 1 << 30
+MAX_LINE_BYTES = 64 << 20  # a record is far smaller: longer is garbage, refused unread
 # A JSON line with a control character in a string holds it escaped (\u001b) or as DEL or
 # a C1 control (U+007F-U+009F: UTF-8 \x7f, or \xc2 then \x80-\x9f); other lines skip the scan.
 _MAYBE_CONTROL = (b"\\u00", b"\x7f", b"\xc2")
@@ -441,12 +473,15 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
         if os.fstat(f.fileno()).st_size > left:  # refused before a byte is read
             raise CkptbenchError(f"{path}: larger than {MAX_RESULTS_BYTES:,} bytes; {rule}")
         for n in itertools.count(1):
-            raw = f.readline(left + 1)
+            raw = f.readline(min(left, MAX_LINE_BYTES) + 1)
             if not raw:
                 break
             left -= len(raw)
             if left < 0:
                 raise CkptbenchError(f"{path}: larger than {MAX_RESULTS_BYTES:,} bytes; {rule}")
+            if len(raw) > MAX_LINE_BYTES:  # read no further: one line is never this long
+                raise CkptbenchError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES:,} bytes"
+                                     f" (not a ckptbench results file); {rule}")
             if not raw.strip():
                 continue
             try:

@@ -9,6 +9,7 @@ this ckptbench does not know is one line naming it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +17,21 @@ from typing import Any
 
 from ckptbench import __version__
 from ckptbench.errors import CkptbenchError, SpecError
-from ckptbench.fields import shown
+from ckptbench.fields import open_regular, shown
 from ckptbench.records import read_records
+from ckptbench.runspec import OPTIONS, option
 from ckptbench.spec import Workload, workload_from_dict
 
 # The environment's fields compared, and the target's.
 _MACHINE = ("host", "kernel", "os", "cpu", "cpus", "memory_bytes", "python", "ckptbench")
 _TARGET = ("backend", "target", "options", "fs_type", "mount_source", "device", "rotational")
 REPLAYED = ("run", "sweep", "mlperf")  # commands whose runs `run --replay` runs again
+# A run record is a few KiB, its ranks 8 bytes each (9 MB at 1,048,576 ranks): a first
+# line longer than this is not one (a replay reads no further to say so).
+MAX_RUN_RECORD_BYTES = 64 << 20
+_BLOCK = 1 << 20
+# Options a results file never records (the results path, the launcher, how output prints).
+OUTPUT_OPTIONS = frozenset(o.name for o in OPTIONS if not o.request)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,22 @@ def _field(run: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:
 def read_recorded(path: str | Path) -> Recorded:
     """The run a results file records, or one line naming what is missing."""
     path = Path(path)
+    _first_line_bounded(path)
     run = next(read_records(path), None)
     if run is None or run.get("type") != "run":
         raise CkptbenchError(f"{path}: no run record; allowed: a results file of `ckptbench "
                              "run`")
     settings = _field(run, "run_options", dict, path)
+    output = sorted(set(settings) & OUTPUT_OPTIONS)
+    if output:
+        # Never recorded (runspec: request=False): only a forged file holds them, and a
+        # replay must not write its results (or anything) where such a file says.
+        name = output[0]
+        default = (" (default: results/<workload>-<run id>.jsonl under the current "
+                   "directory)" if name == "results" else "")
+        raise CkptbenchError(f"{path}: run_options {name}: a run never records it (it comes "
+                             f"from the command line); allowed: {option(name).cli_flag} on "
+                             f"the command line{default}")
     command = _field(run, "command", str, path)
     if command not in REPLAYED:
         raise CkptbenchError(f"{path}: a `ckptbench {shown(command)}` run; allowed: results of "
@@ -71,6 +90,33 @@ def read_recorded(path: str | Path) -> Recorded:
         raise SpecError(f"{path}: run record field workload: {exc}") from None
     return Recorded(path, command, workload, dict(settings), dict(target["options"]),
                     environment)
+
+
+def _first_line_bounded(path: Path) -> None:
+    """A results file begins with its run record, one line of at most MAX_RUN_RECORD_BYTES:
+    a file whose first line runs on past that (a GiB of garbage without a newline) is
+    refused after reading that much, never read whole. Anything else is read_records'."""
+    rule = ("allowed: a results file of `ckptbench run` (its first line a run record of at "
+            f"most {MAX_RUN_RECORD_BYTES:,} bytes)")
+    try:
+        fd = open_regular(path, rule, error=CkptbenchError)
+    except FileNotFoundError:
+        return  # read_records says so
+    seen = 0
+    started = False  # a byte other than blank space was read: the first line began
+    with os.fdopen(fd, "rb") as f:
+        while seen <= MAX_RUN_RECORD_BYTES:
+            block = f.read(_BLOCK)
+            if not block:
+                return
+            seen += len(block)
+            if not started:
+                stripped = block.lstrip()
+                started, block = bool(stripped), stripped
+            if started and b"\n" in block:
+                return
+    raise CkptbenchError(f"{path}: not a ckptbench results file (no line ends in its first "
+                         f"{MAX_RUN_RECORD_BYTES:,} bytes); {rule}")
 
 
 def differences(recorded: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ key and a flag get the same one-line errors.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ COMMANDS = ("run", "restore", "sweep", "mlperf")
 KINDS = ("str", "int", "float", "bool", "size", "duration", "choice", "ranks")
 RESTORE_PLANS = ("dcp", "files")
 LAUNCHERS = ("auto", "local", "mpi")
+# Checkpoints one run saves and restores: far above what any benchmark needs (MLPerf's
+# CLOSED runs take 10), so a typo (1000000000000) is refused, not started as a run of years.
+MAX_ITERATIONS = 1_000_000
 # tier option -> the workload's [tiers] key it overrides; together (no field each) they
 # make RunOptions.tiers (ckptbench.tierspec.tiers_with_flags, in measure.build_request)
 TIER_KEYS = {"tiers": "use", "memory_dir": "memory_dir", "memory_budget": "memory_budget",
@@ -171,9 +175,14 @@ _PARSERS: dict[str, Any] = {
 }
 
 
+def _bound(value: float) -> str:
+    """A bound as written in the rules: 1024, 3600, 1,000,000 (never 1e+06)."""
+    return f"{value:,.0f}" if value >= 10_000 and float(value).is_integer() else f"{value:g}"
+
+
 def _at_least(o: RunOption) -> str:
-    return ("" if o.minimum is None else f", {o.minimum:g} or more") + (
-        "" if o.maximum is None else f", at most {o.maximum:g}")
+    return ("" if o.minimum is None else f", {_bound(o.minimum)} or more") + (
+        "" if o.maximum is None else f", at most {_bound(o.maximum)}")
 
 
 _RULES: dict[str, Any] = {
@@ -228,8 +237,9 @@ def _options() -> tuple[RunOption, ...]:
           request=False),
         # I/O
         o("iterations", "Checkpoints saved and restored (mlperf, CLOSED: 10; sweep: per point, "
-          "the job model's spread needs 5).", "io", measured, 1, "int", minimum=1,
-          per_command=tuple(_COUNTS.items()), field="iterations"),
+          f"the job model's spread needs 5); at most {MAX_ITERATIONS:,}.", "io", measured, 1,
+          "int", minimum=1, maximum=MAX_ITERATIONS, per_command=tuple(_COUNTS.items()),
+          field="iterations"),
         o("threads", "I/O threads per rank [default: the workload's checkpoint.threads].",
           "io", ("run", "restore", "sweep"), None, "int", minimum=1),
         o("intra_op_threads", "torch's intra-op threads per rank process (torch.set_num_threads, "
@@ -377,7 +387,9 @@ class BenchmarkFile:
     path: Path
 
 
-def read_benchmark_file(path: str | Path) -> BenchmarkFile:
+def read_benchmark_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> BenchmarkFile:
+    """The workload and [run] table of a workload or benchmark file. A benchmark file
+    that names itself, or a cycle of them (A -> B -> A), is one line naming the cycle."""
     path = Path(path)
     data = read_toml(path, MAX_WORKLOAD_FILE_BYTES, "a UTF-8 TOML workload file")
     table = data.get("run", {})
@@ -396,8 +408,24 @@ def read_benchmark_file(path: str | Path) -> BenchmarkFile:
     extra = sorted(set(data) - {"run"})
     if extra:
         raise SpecError(f"{path}: unknown table [{extra[0]}]; allowed in a benchmark file: [run]")
-    inner = read_benchmark_file(path.parent / workload)
+    chain = (*_chain, path)
+    named = path.parent / workload
+    if any(_same_file(named, seen) for seen in chain):
+        cycle = " -> ".join(os.path.normpath(p) for p in (*chain, named))
+        raise SpecError(f"{chain[0]}: [run] workload makes a cycle of benchmark files: "
+                        f"{cycle}; allowed: a workload file (with [model])")
+    if _chain:  # a benchmark file named by one: refused there, without reading on
+        return BenchmarkFile(named, table, path)
+    inner = read_benchmark_file(named, chain)
     if inner.path != inner.workload:
         raise SpecError(f"{path}: [run] workload = {workload!r} is a benchmark file too; "
                         "allowed: a workload file (with [model])")
     return BenchmarkFile(inner.workload, {**inner.table, **table}, path)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """`a` and `b` are one file (through links too), or the same name when either is gone."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)

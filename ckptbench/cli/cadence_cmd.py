@@ -71,7 +71,7 @@ def _measurements(results: tuple[Path, ...], sized: bool) -> list[jobmodel.Measu
     """The runs given with --results (sweep files expanded). Without --workload or
     --checkpoint-size the target is the run's own job, so a file that is not there means
     the target is unknown too: the error says both."""
-    missing = next((p for p in results if not p.is_file()), None)
+    missing = next((p for p in results if not p.exists()), None)  # others: the reader says
     if missing is not None and not sized:
         raise SpecError(f"--results needs the target's size: give --workload or --checkpoint-size"
                         f" (--results {missing}: no such file)")

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from ckptbench.backends import BackendOptions, backend_class
 from ckptbench.cli.backend_options import backend_options, options_for_target, typed_backend_flags
 from ckptbench.cli.run_options import GroupedCommand, run_options, settings
 from ckptbench.errors import CkptbenchError, SpecError
+from ckptbench.formats.fill_ins import restoring_ranks
 from ckptbench.measure import build_request, measure, run_status
+from ckptbench.plan.bounds import (
+    BYTES_PER_READ,
+    MEMORY_SHARE,
+    available_memory,
+    check_restore_size,
+    plan_bytes,
+    plan_items,
+    restore_reads,
+)
+from ckptbench.plan.restore import restore_plan_of
+from ckptbench.progress import Status
 from ckptbench.records import environment
 from ckptbench.redact import redact
 from ckptbench.replay import Recorded, differences, overridden, read_recorded
@@ -24,7 +38,8 @@ from ckptbench.runner import Launcher, RunRequest, open_launcher
 from ckptbench.runner.scheduler import job_text
 from ckptbench.runner.signals import exit_status, say_on_signal, signal_name, stop_on_signals
 from ckptbench.runspec import read_benchmark_file, request_options
-from ckptbench.spec import Workload
+from ckptbench.spec import Workload, load_workload, scaled, with_restore_layout
+from ckptbench.units import format_size
 
 
 def width_options(f: Any) -> Any:
@@ -110,10 +125,124 @@ def run_command(workload: str | None, replay: str | None, **_values: Any) -> Non
     if launch.kind != "local" and launch.root:
         say_on_signal(lambda name: stopped_line(name, run["target"]))
     with quiet_unless_root(launch), stop_on_signals(launch.kind == "local"):
-        req = build_request(source, backend_options=backend, **request_options(run))
+        req, status = planned_request(source, backend, run, launch)
         if recorded is not None and launch.root:
             _say_differences(recorded, req, run)
-        _run(launch, req, run)
+        _run(launch, req, run, status)
+
+
+# Planning said before it starts (ckptbench.plan.bounds' estimates): from about a second
+# of work on, the user is told what is planned and what it will take, then every few
+# seconds how long it has run (ckptbench.progress).
+PLAN_NOTICE_ITEMS = 2_000_000  # a plan's items (1-3 s: Llama 3.1 405B on 16,384 ranks)
+RESTORE_NOTICE_READS = 2_000_000  # a restore plan's estimated reads
+# What each process does before the first byte of a restore: its restore ranks' jobs, one
+# object per read (ckptbench.formats.ranged.restore_jobs), under the --stall-timeout watch.
+# Measured 5.2 us of CPU and 311 bytes per read (tiny.toml on 1,048,576 restore ranks, the
+# development VM); the time is taken low (a faster core), so "or more" holds.
+SETUP_S_PER_READ = 1.5e-6
+SETUP_BYTES_PER_READ = 320
+SETUP_NOTICE_S = 1.0
+
+
+def planned_request(source: str | Workload, backend: BackendOptions, run: dict[str, Any],
+                    launch: Launcher) -> tuple[RunRequest, Status]:
+    """build_request, the restore plan the run will use and the run's progress (its totals
+    come from that plan), with what takes long said before it starts (process 0 alone)
+    and what the run's own bounds would stop later (memory, --stall-timeout) refused up
+    front, in one line."""
+    with contextlib.ExitStack() as stack:
+        status: list[Status] = []
+
+        def say(text: str) -> None:
+            if not status:
+                status.append(stack.enter_context(Status("run", enabled=launch.root)))
+            status[0].phase(text, at_once=True)
+
+        setup = ""
+        full = _estimated(source, run)
+        if full is not None and plan_items(full) >= PLAN_NOTICE_ITEMS:
+            say(f"planning {full.parallel.world_size:,} ranks (about {plan_items(full):,} "
+                f"items, an estimated {format_size(plan_bytes(full))}) ...")
+        req = build_request(source, backend_options=backend, **request_options(run))
+        try:
+            if req.options.uses_restore_plan:
+                w = req.plan.workload
+                reads = restore_reads(w)
+                if reads >= RESTORE_NOTICE_READS:
+                    check_restore_size(w)  # refused before the line that announces it
+                    say(f"planning the restore of {w.restore_parallel.world_size:,} ranks "
+                        f"(about {reads:,} reads at most, an estimated "
+                        f"{format_size(reads * BYTES_PER_READ)}) ...")
+                restore_plan_of(req.plan)  # built once: the run's processes share it
+                setup = restore_setup(req, launch)
+            progress = run_status(req, "run", launch)  # its per-rank totals: seconds too
+        except BaseException:
+            req.backend.release()
+            raise
+    if setup and launch.root:  # after the planning's last line: this is the run's
+        click.echo(f"ckptbench: note: {setup}", err=True)
+    return req, progress
+
+
+def _estimated(source: str | Workload, run: dict[str, Any]) -> Workload | None:
+    """The workload as the run will plan it (scaled), for the estimates alone; None when
+    it does not validate (build_request then says why, in one line)."""
+    try:
+        full = source if isinstance(source, Workload) else load_workload(source)
+        return scaled(with_restore_layout(full, run["restore_world_size"],
+                                          run["restore_layout"]), run["scale"])
+    except CkptbenchError:
+        return None
+
+
+def restore_setup(req: RunRequest, launch: Launcher) -> str:
+    """Before the first byte of each restore, every process builds the jobs of its restore
+    ranks' reads: refused in one line when that would take past --stall-timeout (the run
+    would stop as stalled, minutes in) or more memory than this machine has; said when it
+    takes a second or more; '' otherwise."""
+    rplan = restore_plan_of(req.plan)
+    ranks = req.ranks
+    restoring = np.asarray(restoring_ranks(ranks, req.plan.world_size, rplan.world_size),
+                           dtype=np.int64)
+    if not len(restoring):
+        return ""
+    # The processes take the restoring ranks in contiguous groups, one per plan rank
+    # (formats.ranged.restore_positions); the busiest sets the time.
+    csum = np.concatenate([[0], np.cumsum(np.diff(rplan.rank_ptr)[restoring])])
+    q, r = divmod(len(restoring), len(ranks))
+    ends = np.cumsum(np.array([q + 1] * r + [q] * (len(ranks) - r), dtype=np.int64))
+    per_group = csum[ends] - csum[np.concatenate([[0], ends[:-1]])]
+    busiest, total = int(per_group.max()), int(csum[-1])
+    local = launch.kind == "local"
+    here = len(ranks) if local else 1  # processes on this host (MPI: one known)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    seconds = busiest * SETUP_S_PER_READ * (max(1.0, here / (cpus or 1)) if local else 1.0)
+    world = rplan.world_size
+    who = (f"{len(restoring):,} restore ranks" + (f" of the restore layout's {world:,}"
+                                                   if len(restoring) != world else "")
+           + f" by {len(ranks):,} process(es)")
+    fix = ("a smaller restore layout (--restore-world-size, --restore-layout, [restore]), "
+           "a subset run (--ranks), or --no-restore")
+    stall = req.options.stall_timeout
+    if stall > 0 and seconds > stall:
+        raise SpecError(f"restoring {who}: the busiest sets up {busiest:,} reads before its "
+                        f"first byte, an estimated {seconds:,.0f} s or more, past "
+                        f"--stall-timeout {stall:g} s (the run would stop as stalled); "
+                        f"allowed: a --stall-timeout above that (or off), {fix}")
+    if local:
+        need = total * SETUP_BYTES_PER_READ
+        have = available_memory()
+        if need > MEMORY_SHARE * have:
+            raise SpecError(f"restoring {who}: they set up {total:,} reads before the first "
+                            f"byte, an estimated {format_size(need)} of memory; allowed: at "
+                            f"most {format_size(int(MEMORY_SHARE * have))} ({MEMORY_SHARE:.0%}"
+                            f" of the {format_size(have)} this machine has available), {fix}")
+    if seconds < SETUP_NOTICE_S:
+        return ""
+    return (f"restoring {who}: the busiest sets up {busiest:,} reads before the first byte "
+            f"of each restore, an estimated {seconds:,.0f} s or more (progress shows 0 B "
+            "until then)")
 
 
 def stopped_line(signal: str, target: str) -> str:
@@ -144,8 +273,9 @@ def _say_differences(recorded: Recorded, req: RunRequest, run: dict[str, Any]) -
         click.echo(f"  {line}", err=True)
 
 
-def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
-    """Measure `req` with its progress on stderr; print the summary (a table, or JSON)."""
+def _run(launch: Launcher, req: RunRequest, run: dict[str, Any], progress: Status) -> None:
+    """Measure `req` with its progress on stderr (`progress`: run_status's); print the
+    summary (a table, or JSON)."""
     full, plan, options = req.workload, req.plan, req.options
     target = run["target"]
     results_path = Path(run["results"]) if run["results"] else \
@@ -159,7 +289,7 @@ def _run(launch: Launcher, req: RunRequest, run: dict[str, Any]) -> None:
                    f"iteration(s) -> {target}"
                    + ("" if options.verify else " (restores NOT verified: --no-verify)"),
                    err=True)  # stdout: the results alone
-    with run_status(req, "run", launch) as status:
+    with progress as status:
         done = "kept what it finished" if options.keep else "removed what it wrote"
         with stopped_as(f"the run {done} on {target}", results_path):
             outcome = measure(req, results_path, launch, on_progress=status,
