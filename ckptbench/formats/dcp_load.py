@@ -149,7 +149,9 @@ class MetadataGuard:
 
         del args
         reader = self.reader
-        path = reader._get_metadata_path(kwargs.get("rank"))
+        rank = kwargs.get("rank")  # the file's name as torch 2.15's reader gives it
+        path = reader.fs.concat_path(reader.path, ".metadata" if rank is None
+                                     else f"__{rank}.metadata")
         try:
             with reader.fs.create_stream(path, "rb") as stream:
                 metadata = load_metadata(stream, str(path))
