@@ -18,6 +18,7 @@ import mmap
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast, runtime_checkable
@@ -207,6 +208,18 @@ def own_leftover(name: str) -> bool:
     return any(mark in name for mark in OWN_LEFTOVERS)
 
 
+class RequestWatch(Protocol):
+    """A rank's stall watch as a backend's requests see it (runner.stall.StallWatch)."""
+
+    def request(self, what: str) -> AbstractContextManager[None]:
+        """Armed while one request outside a watched phase waits on the store."""
+        ...
+
+    def tick(self, n: int = 0) -> None:
+        """The store answered (or bytes moved): the stall clock starts again."""
+        ...
+
+
 class Backend(ABC):
     """A storage system reached through one target (a directory, a bucket prefix, a URL).
 
@@ -274,6 +287,14 @@ class Backend(ABC):
         if self.marked and set(self.list_names("", 2)) <= {TARGET_MARKER}:
             self.delete([TARGET_MARKER])
             self.marked = False
+
+    def watch_requests(self, watch: RequestWatch) -> None:
+        """This process's stall watch (a rank's, from the runner), for the requests the
+        backend makes outside the saves' and restores' bytes (an object store's control
+        requests): a backend whose requests can wait on a store that stopped answering
+        arms it around each, so that is a stall at --stall-timeout. Default: nothing (a
+        file system's calls are watched by the phases' bytes)."""
+        del watch
 
     def cleaning_up(self, unresponsive: bool) -> None:
         """The run ended on this process: what it calls from now on is cleanup, bounded

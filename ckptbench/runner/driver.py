@@ -332,6 +332,8 @@ def _watched_format(plan: Plan, my_ranks: list[int], backend: Backend, comm: Com
     """The run's format, its bytes reported to `moved` (the stall watch and progress), its
     waits for peers holding the watch; and the watch to arm around its phases (one that
     never fires for a format that reports its bytes only once per phase)."""
+    if watch is not None and watch.enabled:
+        backend.watch_requests(watch)  # its control requests under the watch too
     watch = watch or StallWatch(0, lambda _message: None)
     fmt = open_format(options.format, plan, my_ranks, backend, WatchedGroup(comm, watch),
                       options.format_options(), moved)

@@ -21,6 +21,16 @@ whole thread dump goes to `dump` (runner.thread_dump): a stall is a bug report, 
 
 A format that cannot report bytes as they move (torch-dcp: one op per save) is not
 watched; its storage calls' own timeouts still apply.
+
+Requests outside the saves and restores (an object store's control requests: claiming a
+checkpoint's prefix, committing its manifest, the intent) wait on the store too, with no
+byte to count: a store that froze before answering one held the run for as long as the
+client retried (six tries of 60 s on S3). So the driver hands a rank's watch to its
+backend (`Backend.watch_requests`), and the S3 backend arms it for each control request
+(`request`): no answer for `--stall-timeout` is a stall, the same one line. Those requests
+are not published to the launcher (a store answering 503 now and then is answering; the
+rank's own watch counts each answer as a tick), and a stopped rank is still caught by the
+launcher's check of stopped processes.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ class StallWatch:
         self._what: str | None = None  # what is being watched; None: not armed
         self._watched = "MainThread"  # the thread that armed it: named first in a stall
         self._paused = 0
+        self._requests = 0  # storage requests in flight outside a watched phase
+        self._request_what = ""  # the first of them (what a stall names)
+        self._request_since = 0.0  # when the first of them began
         self._thread: threading.Thread | None = None
         self.fired = False
 
@@ -89,16 +102,46 @@ class StallWatch:
             self._what, self._last = what, time.monotonic()
             self._watched = threading.current_thread().name
             self._published()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ckptbench-stall",
-                                                daemon=True)
-                self._thread.start()
+            self._start()
         try:
             yield
         finally:
             with self._lock:
                 self._what = None
                 self._published()
+
+    def _start(self) -> None:
+        """The watchdog thread, once (called under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ckptbench-stall",
+                                            daemon=True)
+            self._thread.start()
+
+    @contextlib.contextmanager
+    def request(self, what: str) -> Iterator[None]:
+        """Storage requests outside a watched phase (inside one, the phase's watch covers
+        them): one control request, or a run of writes that are no phase (fill-ins).
+        Armed until it returns, so a store that never answers is a stall after `timeout`
+        (each tick, an answer included, restarts the clock; waiting for peers holds it).
+        Not published: the launcher watches the phases' bytes only. Any thread; requests
+        may overlap (the clock runs from the first one in flight, which `what` names)."""
+        if not self.enabled or self.fired:
+            yield
+            return
+        with self._lock:
+            counted = self._what is None
+            if counted:
+                if not self._requests:
+                    self._request_what, self._request_since = what, time.monotonic()
+                    self._watched = threading.current_thread().name
+                self._requests += 1
+                self._start()
+        try:
+            yield
+        finally:
+            if counted:
+                with self._lock:
+                    self._requests -= 1
 
     def _published(self) -> None:
         """Tell the launcher whether bytes are expected now (called under the lock)."""
@@ -131,6 +174,9 @@ class StallWatch:
                 what = self._what
                 idle = time.monotonic() - self._last
                 stalled = what is not None and not self._paused and idle >= self.timeout
+                if not stalled and self._requests and not self._paused and min(
+                        idle, time.monotonic() - self._request_since) >= self.timeout:
+                    stalled, what = True, self._request_what
             if stalled:
                 # The threads as they stalled, taken before anything can see `fired` and
                 # move on; `fired` once the stall is reported.

@@ -24,6 +24,7 @@ from ckptbench.backends.base import (
     PageCacheControl,
     PlannedReads,
     ReadHandle,
+    RequestWatch,
     SharedFileWrites,
     Striping,
     TransferBuffers,
@@ -193,6 +194,9 @@ class ForwardingBackend(Backend):
 
     def release(self) -> None:
         self.inner.release()
+
+    def watch_requests(self, watch: RequestWatch) -> None:
+        self.inner.watch_requests(watch)
 
     def cleaning_up(self, unresponsive: bool) -> None:
         self.inner.cleaning_up(unresponsive)

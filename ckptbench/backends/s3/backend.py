@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,12 +21,20 @@ from ckptbench.backends.base import (
     Backend,
     NameTaken,
     ReadHandle,
+    RequestWatch,
     WriteHandle,
     marker_bytes,
 )
 from ckptbench.backends.options import IOHints
 from ckptbench.backends.s3.boto_readahead import boto_readahead
-from ckptbench.backends.s3.client import CLEANUP_BUDGET_S, ProcessState, S3Clients
+from ckptbench.backends.s3.client import (
+    CLEANUP_BUDGET_S,
+    ProcessState,
+    S3Clients,
+    request_watch,
+    watch_requests,
+    watched,
+)
 from ckptbench.backends.s3.errors import (
     is_boto_error,
     is_connection_error,
@@ -69,6 +78,7 @@ class S3Backend(Backend):
         self.clients = S3Clients(o, self.hints.threads, self.concurrency)
         self.created_marker = False
         self.unaborted: set[str] = set()  # keys whose uploads no abort was confirmed for
+        self.undeleted: set[str] = set()  # keys whose delete was not confirmed
 
     # --- keys and processes ---
     def _key(self, key: str) -> str:
@@ -85,6 +95,22 @@ class S3Backend(Backend):
             return self._cleanup_client()
         return self.clients.client(kind)
 
+    def _control(self) -> tuple[Any, str]:
+        """The client for the target's control requests (marker, listings, manifest,
+        intent, lease) and its kind. In a rank, 'main': its stall watch bounds each one
+        (no answer for --stall-timeout is a stall); in a process that prepared a run and
+        has no watch (the launcher's parent), 'control': a store that stops answering
+        fails the request in about 20 s, where 'main' kept the run waiting six tries of
+        60 s; once the run ended here, the cleanup's."""
+        proc = self._proc()
+        if proc.cleaning:
+            return self._cleanup_client(), "last" if proc.dead else "quick"
+        kind = "control" if proc.prepared and request_watch() is None else "main"
+        return self.clients.client(kind), kind
+
+    def watch_requests(self, watch: RequestWatch) -> None:
+        watch_requests(watch, os.getpid())
+
     def cleaning_up(self, unresponsive: bool) -> None:
         proc = self._proc()
         proc.cleaning = True
@@ -97,12 +123,13 @@ class S3Backend(Backend):
     client = _client
 
     # --- errors ---
-    def error(self, exc: BaseException, action: str) -> BackendError:
-        """One line for the usual ways S3 says no (never a key, never a traceback)."""
+    def error(self, exc: BaseException, action: str, kind: str = "main") -> BackendError:
+        """One line for the usual ways S3 says no (never a key, never a traceback);
+        `kind`: the client that made the request (its read timeout is named)."""
         resolved = self.clients.resolved
         endpoint = public_endpoint(resolved.endpoint if resolved else self.options.endpoint_url)
         return translate(exc, f"{self.target}: {action}", endpoint or "the default S3 endpoint",
-                         self.bucket, action, self.options.read_timeout, self.limits())
+                         self.bucket, action, self.clients.read_timeout(kind), self.limits())
 
     def limits(self) -> str:
         """The options that size the load, named where the endpoint gave up under it."""
@@ -110,10 +137,14 @@ class S3Backend(Backend):
                 f"--s3-max-attempts (now {self.max_attempts})")
 
     @contextlib.contextmanager
-    def calls(self, action: str) -> Any:
-        """Map botocore's exceptions raised inside to one-line BackendErrors."""
+    def calls(self, action: str, kind: str = "main") -> Any:
+        """Map botocore's exceptions raised inside to one-line BackendErrors (`kind`: the
+        client's, for the timeout a message names). Outside a save or restore, this
+        process's stall watch (a rank's) is armed meanwhile: a store that never answers is
+        a stall at --stall-timeout (client.watch_requests)."""
         try:
-            yield
+            with watched(action):
+                yield
         except BackendError:
             raise
         except Exception as exc:
@@ -121,7 +152,7 @@ class S3Backend(Backend):
                 raise
             if is_connection_error(exc):
                 self._proc().stopped_answering()
-            raise self.error(exc, action) from None
+            raise self.error(exc, action, kind) from None
         if self._proc().dead:
             self._proc().answered()
 
@@ -131,13 +162,14 @@ class S3Backend(Backend):
         return self._key(TARGET_MARKER)
 
     def prepare(self) -> None:
+        self._proc().prepared = True  # this process's control requests: bounded (_control)
         if self.options.create_bucket:
             self._make_bucket()
         base = f"{self.prefix}/" if self.prefix else ""
-        with self.calls("check the target"):  # quick: an unreachable endpoint fails in seconds
+        with self.calls("check the target", "quick"):  # an unreachable endpoint fails in seconds
             listing = self._client("quick").list_objects_v2(Bucket=self.bucket, Prefix=base,
                                                             MaxKeys=3)
-        client = self._client("main")
+        client, kind = self._control()
         others = [o["Key"] for o in listing.get("Contents", []) if o["Key"] != self.marker_key]
         if self._head(self.marker_key, "check the target"):
             return
@@ -145,7 +177,7 @@ class S3Backend(Backend):
             raise BackendError(
                 f"target {self.target} holds objects not made by ckptbench (e.g. {others[0]!r}); "
                 "allowed: a new or empty prefix, or one ckptbench marked before")
-        with self.calls("mark the target"):
+        with self.calls("mark the target", kind):
             client.put_object(Bucket=self.bucket, Key=self.marker_key, Body=marker_bytes())
         self.created_marker = True
 
@@ -154,7 +186,7 @@ class S3Backend(Backend):
         to keep or delete; a run's own objects and marker are removed as always)."""
         from botocore.exceptions import ClientError
 
-        with self.calls("check the bucket"):
+        with self.calls("check the bucket", "quick"):
             try:
                 self._client("quick").head_bucket(Bucket=self.bucket)
                 return
@@ -162,11 +194,11 @@ class S3Backend(Backend):
                 if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket",
                                                                      "NotFound"):
                     raise
-        client = self._client("main")
+        client, kind = self._control()
         region = self.clients.resolved.region if self.clients.resolved else "us-east-1"
         where = {} if region == "us-east-1" else {
             "CreateBucketConfiguration": {"LocationConstraint": region}}
-        with self.calls("make the bucket"):
+        with self.calls("make the bucket", kind):
             client.create_bucket(Bucket=self.bucket, **where)
 
     def release(self) -> None:
@@ -199,9 +231,10 @@ class S3Backend(Backend):
     def _head(self, key: str, action: str) -> bool:
         from botocore.exceptions import ClientError
 
-        with self.calls(action):
+        client, kind = self._control()
+        with self.calls(action, kind):
             try:
-                self._client().head_object(Bucket=self.bucket, Key=key)
+                client.head_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                     return False
@@ -254,15 +287,17 @@ class S3Backend(Backend):
 
     def put_atomic(self, key: str, data: bytes | memoryview) -> None:
         # One PUT: readers see the whole object or none of it.
-        with self.calls(f"put {key}"):
-            self._client().put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+        client, kind = self._control()
+        with self.calls(f"put {key}", kind):
+            client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
-        with self.calls(f"get {key}"):
+        client, kind = self._control()
+        with self.calls(f"get {key}", kind):
             try:
-                resp = self._client().get_object(Bucket=self.bucket, Key=self._key(key))
+                resp = client.get_object(Bucket=self.bucket, Key=self._key(key))
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                     raise FileNotFoundError(f"{self.target}/{key}") from None
@@ -303,8 +338,9 @@ class S3Backend(Backend):
 
     # --- what a run made, by name ---
     def create_dir(self, key: str) -> None:
-        with self.calls(f"check {key}"):
-            listing = self._client("main").list_objects_v2(
+        client, kind = self._control()
+        with self.calls(f"check {key}", kind):
+            listing = client.list_objects_v2(
                 Bucket=self.bucket, Prefix=self._key(key) + "/", MaxKeys=1)
         if listing.get("Contents"):
             raise NameTaken(f"{self.target}/{key}: already exists; ckptbench never reuses a "
@@ -313,10 +349,14 @@ class S3Backend(Backend):
     def delete(self, keys: Sequence[str]) -> None:
         """DeleteObjects by name, 1,000 keys a request; failures counted (cleanup_errors)."""
         names = [self._key(k) for k in keys]
+        self.undeleted.update(keys)
         try:
             with self.calls("remove the run's objects"):
                 for i in range(0, len(names), 1000):
-                    self._delete(self._cleanup_client(), [{"Key": k} for k in names[i:i + 1000]])
+                    failed = self._delete(self._cleanup_client(),
+                                          [{"Key": k} for k in names[i:i + 1000]])
+                    self.undeleted.difference_update(
+                        k for k in keys[i:i + 1000] if self._key(k) not in failed)
         except BackendError:
             self._proc().count("cleanup_errors")
 
@@ -351,13 +391,20 @@ class S3Backend(Backend):
 
     def left_behind(self, prefix: str, limit: int) -> list[str]:
         """The objects under `prefix`, and the uploads no abort could be confirmed for; a
-        listing that fails is named, not taken for an empty prefix."""
+        listing that fails is named, not taken for an empty prefix, and so is each object
+        of the run's whose delete was not confirmed then (a store gone mid-cleanup: the
+        run's own objects by name, not one anonymous line; a key whose upload may be
+        unfinished too is named once, as that)."""
+        under = prefix.rstrip("/") + "/"
         left = [f"{k}{UPLOAD_NOT_ABORTED}" for k in sorted(self.unaborted)
-                if k.startswith(prefix.rstrip("/") + "/")]
+                if k.startswith(under)]
         try:
-            return [*self._names_under(prefix, limit), *left][:limit]
+            listed = self._names_under(prefix, limit)
         except BackendError as exc:
-            return [*left, f"{prefix}/{NOT_LISTED}{exc})"][:limit]
+            gone = [f"{k}{NOT_LISTED}its delete was not confirmed)"
+                    for k in sorted(self.undeleted - self.unaborted) if k.startswith(under)]
+            return [*gone, *left, f"{prefix}/{NOT_LISTED}{exc})"][:limit]
+        return [*listed, *left][:limit]
 
     def list_names(self, prefix: str, limit: int) -> list[str]:
         try:
@@ -377,17 +424,21 @@ class S3Backend(Backend):
     def run_dirs(self) -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         out: list[str] = []
-        with self.calls("list the target"):
-            pages = self._client("main").get_paginator("list_objects_v2").paginate(
+        client, kind = self._control()
+        with self.calls("list the target", kind):
+            pages = client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base, Delimiter="/")
             for page in pages:
                 out += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return sorted(out)
 
-    def _delete(self, client: Any, batch: list[dict[str, str]]) -> None:
+    def _delete(self, client: Any, batch: list[dict[str, str]]) -> set[str]:
+        """One DeleteObjects; the keys it could not delete."""
         resp = client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-        if resp.get("Errors"):
-            self._proc().count("cleanup_errors", len(resp["Errors"]))
+        errors = resp.get("Errors") or []
+        if errors:
+            self._proc().count("cleanup_errors", len(errors))
+        return {str(e.get("Key")) for e in errors}
 
     def drop_cache(self, keys: list[str]) -> str:
         return "none (object store)"

@@ -9,14 +9,17 @@ been reported to ignore a custom endpoint).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ckptbench.backends.base import RequestWatch
 from ckptbench.backends.s3.errors import count_attempt, note_retry_reason
 from ckptbench.backends.s3.options import S3Options
 from ckptbench.backends.s3.readahead import SMALL_PER_LARGE
@@ -57,6 +60,7 @@ class ProcessState:
         self.dead = False  # the endpoint stopped answering: cleanup tries once, quickly
         self.budget_from: float | None = None  # the first cleanup call since (monotonic)
         self.cleaning = False  # the run ended here: every request is cleanup's (bounded)
+        self.prepared = False  # this process prepared a run's target (S3Backend.prepare)
         self.window = Window()  # parts in flight, narrowed while the endpoint pushes back
 
     def count(self, key: str, n: int = 1) -> None:
@@ -115,6 +119,10 @@ class Resolved:
 SHORT_CLIENTS = {
     "quick": (2.0, 10.0, 2),  # probing the target; every cleanup call (delete, abort)
     "last": (2.0, 5.0, 1),  # cleanup once the endpoint stopped answering: one quick try
+    # the control requests (marker, listings, intent, lease) of a process that prepared a
+    # run and has no stall watch (the launcher's parent): as bounded as the probe before
+    # them, their bodies (an intent of many names) with the read timeout to go out in
+    "control": (2.0, 10.0, 2),
 }
 # Once the endpoint has stopped answering, a process's cleanup makes calls for this long
 # from its first (each one try, 'last'), then none: what it could not abort or delete is named in the
@@ -122,11 +130,45 @@ SHORT_CLIENTS = {
 # in that time ends it (the endpoint is back: the cleanup goes on as usual).
 CLEANUP_BUDGET_S = 10.0
 
+# the kinds whose connect timeout also bounds sending a body (urllib3: send_timeout)
+SENDS_BODIES = ("main", "control")
+
+
+_WATCH: dict[int, RequestWatch] = {}  # pid -> its watch (never a forked parent's)
+
+
+def watch_requests(watch: RequestWatch, pid: int) -> None:
+    """The runner hands its watch to this process's S3 requests (S3Backend.watch_requests):
+    control requests arm it (so a store that never answers one is a stall at
+    --stall-timeout, the run's one line), and every answer ticks it. The process that prepares a run has none: its control
+    requests get the short 'control' client instead (S3Backend._control)."""
+    _WATCH.clear()
+    _WATCH[pid] = watch
+
+
+def request_watch() -> RequestWatch | None:
+    """This process's stall watch, or None (none made here: a parent, a library caller)."""
+    return _WATCH.get(os.getpid())
+
+
+def watched(what: str) -> AbstractContextManager[None]:
+    """Arms this process's stall watch (if any) for one request, named `what`."""
+    watch = request_watch()
+    return (watch.request(f"a request to the storage ({what})") if watch is not None
+            else contextlib.nullcontext())
+
+
+def _answered(response: Any = None, **_: Any) -> None:
+    """needs-retry (after every attempt): an answer, whatever it said, is the store alive."""
+    if response is not None and (watch := request_watch()) is not None:
+        watch.tick()
+
 
 class S3Clients:
     """This process's session and clients for one backend: 'main' (the configured retries
     and timeouts), 'quick' (probing the target and cleaning up: bounded even when the
-    endpoint stops answering) or 'last' (cleanup after it did). The connection pool is
+    endpoint stops answering), 'last' (cleanup after it did) or 'control' (the control
+    requests of a process with no stall watch that prepared a run). The connection pool is
     sized for `io_threads` runner threads each with `concurrency` requests in flight
     (and a restore's small GETs beside them)."""
 
@@ -167,6 +209,11 @@ class S3Clients:
             self.resolved = Resolved(endpoint, region, "auto" if is_aws(endpoint) else "path")
         return self.resolved
 
+    def read_timeout(self, kind: str) -> float:
+        """The read timeout of the `kind` client (what a timed-out request waited)."""
+        o = self.options
+        return min(SHORT_CLIENTS.get(kind, (0.0, o.read_timeout, 0))[1], float(o.read_timeout))
+
     def client(self, kind: str = "main") -> Any:
         proc = self.proc()
         client = proc.clients.get(kind)
@@ -186,7 +233,7 @@ class S3Clients:
         connect, read, attempts = SHORT_CLIENTS.get(
             kind, (float(o.connect_timeout), float(o.read_timeout), o.max_attempts))
         connect, read = min(connect, float(o.connect_timeout)), min(read, float(o.read_timeout))
-        if kind == "main":
+        if kind in SENDS_BODIES:
             connect = send_timeout(connect, read)
         s3cfg: dict[str, Any] = {"addressing_style": r.addressing_style}
         if o.payload_signing != "auto":
@@ -215,6 +262,7 @@ class S3Clients:
         events = client.meta.events
         sign_in_python(events)
         events.register("needs-retry.s3", note_retry_reason)
+        events.register("needs-retry.s3", _answered)
 
         def created(request: Any, **_: Any) -> None:
             if count_attempt(proc.count_each, request) in ("connection", "throttle"):
