@@ -96,8 +96,8 @@ def left_note(run: Iterations, where: str, jobs: list[FileJob]) -> str:
     shown = ", ".join(n.rsplit("/", 1)[-1] for n in names[:SHOWN])
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     target = run.backend.target.rstrip("/")
-    endpoint = getattr(run.backend, "endpoint_url", None)
-    flag = f" --endpoint-url {public_url(endpoint)}" if isinstance(endpoint, str) else ""
+    endpoint = run.backend.endpoint_url
+    flag = f" --endpoint-url {public_url(endpoint)}" if endpoint else ""
     return (f"; fill-ins {'maybe ' if unlisted else ''}left in {target}/{where} (the store did "
             f"not answer their removal): {shown}{more}; the run's cleanup tries again at its "
             f"end, and what it cannot remove its intent names: `ckptbench clean {target}"

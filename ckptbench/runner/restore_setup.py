@@ -6,8 +6,6 @@ stopped as stalled. Refused up front, or said, instead."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ckptbench.errors import SpecError
@@ -16,6 +14,7 @@ from ckptbench.plan.bounds import MEMORY_SHARE, available_memory
 from ckptbench.plan.restore import restore_plan_of
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.session import Launcher
+from ckptbench.runner.threads import cores
 from ckptbench.units import format_size
 
 # Per read: measured 5.2 us of CPU and 311 bytes (tiny.toml on 1,048,576 restore ranks,
@@ -45,8 +44,7 @@ def restore_setup(req: RunRequest, launch: Launcher) -> str:
     busiest, total = int(per_group.max()), int(csum[-1])
     local = launch.kind == "local"
     here = len(ranks) if local else 1  # processes on this host (MPI: one known)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    seconds = busiest * SETUP_S_PER_READ * (max(1.0, here / (cpus or 1)) if local else 1.0)
+    seconds = busiest * SETUP_S_PER_READ * (max(1.0, here / cores()) if local else 1.0)
     world = rplan.world_size
     who = (f"{len(restoring):,} restore ranks" + (f" of the restore layout's {world:,}"
                                                    if len(restoring) != world else "")
