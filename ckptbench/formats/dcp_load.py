@@ -62,11 +62,11 @@ from ckptbench.errors import CkptbenchError, SpecError
 from ckptbench.formats.base import FileJob, everyone, now
 from ckptbench.formats.common import NP_DTYPES, ChunkTask, chunk_bytes
 from ckptbench.formats.manifest import Digested
-from ckptbench.formats.ranged import restore_positions
 from ckptbench.formats.safe_unpickle import UnsafePickle, load_metadata
 from ckptbench.formats.verify import describe_difference
 from ckptbench.payload import PayloadGenerator
 from ckptbench.plan import Plan
+from ckptbench.plan.restore_ranks import restore_positions
 
 PARTS = ("metadata", "planning", "data", "deserialise", "sync")
 

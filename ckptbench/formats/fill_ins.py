@@ -23,14 +23,7 @@ from ckptbench.formats.base import FileJob
 from ckptbench.payload import Region, stream_key
 from ckptbench.plan import Plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
-
-
-def restoring_ranks(all_ranks: list[int], save_world: int, restore_world: int) -> list[int]:
-    """The ranks of the restore layout a run restores: all of them, or, for a subset run,
-    the subset's ranks that exist in the restore layout."""
-    if len(all_ranks) == save_world:
-        return list(range(restore_world))
-    return [r for r in all_ranks if r < restore_world]
+from ckptbench.plan.restore_ranks import restoring_ranks
 
 
 @dataclass(frozen=True)
@@ -129,4 +122,4 @@ def fill_in_names(plan: Plan, groups: list[list[int]]) -> list[str]:
     return fill_ins_of(restore_plan_of(plan), all_ranks).names()
 
 
-__all__ = ["FillIns", "fill_in_dir", "fill_in_names", "fill_ins_of", "restoring_ranks"]
+__all__ = ["FillIns", "fill_in_dir", "fill_in_names", "fill_ins_of"]

@@ -31,7 +31,7 @@ from ckptbench.formats.base import (
     now,
     round_up,
 )
-from ckptbench.formats.fill_ins import FillIns, restoring_ranks
+from ckptbench.formats.fill_ins import FillIns
 from ckptbench.formats.manifest import Digested, Manifest
 from ckptbench.formats.pipeline import BufferRing, assign_threads
 from ckptbench.payload import Region, stream_key
@@ -89,19 +89,6 @@ def restore_jobs(rplan: RestorePlan, ranks: list[int], checkpoint: str, iteratio
             current.reads.append(ChunkRead(region, digest))
             current.size += n
     return jobs
-
-
-def restore_positions(my_ranks: list[int], all_ranks: list[int], save_world: int,
-                      restore_world: int, shift: int) -> list[int]:
-    """Restore ranks this process runs. The run's processes (plan-rank positions) share
-    the restore layout's ranks in contiguous groups; a subset run restores the ranks of
-    the subset that exist in the restore layout. `shift` moves each position's group on
-    by that many positions (no process reads back what its node wrote)."""
-    ranks = restoring_ranks(all_ranks, save_world, restore_world)
-    n = len(all_ranks)
-    groups = [g.tolist() for g in np.array_split(np.array(ranks, dtype=np.int64), n)]
-    pos = {r: k for k, r in enumerate(all_ranks)}
-    return [x for r in my_ranks for x in groups[(pos[r] + shift) % n]]
 
 
 def by_size(job: FileJob) -> int:

@@ -49,7 +49,7 @@ from ckptbench.formats.base import (
     first_error,
     now,
 )
-from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of, restoring_ranks
+from ckptbench.formats.fill_ins import FillIns, fill_in_dir, fill_ins_of
 from ckptbench.formats.manifest import (
     CommitTimes,
     Digested,
@@ -59,9 +59,10 @@ from ckptbench.formats.manifest import (
     manifest_bytes,
     manifest_files,
 )
-from ckptbench.formats.ranged import restore_jobs, restore_positions
+from ckptbench.formats.ranged import restore_jobs
 from ckptbench.plan import Plan
 from ckptbench.plan.restore import RestorePlan, restore_plan_of
+from ckptbench.plan.restore_ranks import restore_positions, restoring_ranks
 from ckptbench.records import (
     ErrorRecord,
     OpRecord,

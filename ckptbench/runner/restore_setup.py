@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ckptbench.errors import SpecError
-from ckptbench.formats.fill_ins import restoring_ranks
 from ckptbench.plan.bounds import MEMORY_SHARE, available_memory
 from ckptbench.plan.restore import restore_plan_of
+from ckptbench.plan.restore_ranks import restoring_ranks
 from ckptbench.runner.options import RunRequest
 from ckptbench.runner.session import Launcher
 from ckptbench.runner.threads import cores
@@ -36,7 +36,7 @@ def restore_setup(req: RunRequest, launch: Launcher) -> str:
     if not len(restoring):
         return ""
     # The processes take the restoring ranks in contiguous groups, one per plan rank
-    # (formats.ranged.restore_positions); the busiest sets the time.
+    # (plan.restore_ranks.restore_positions); the busiest sets the time.
     csum = np.concatenate([[0], np.cumsum(np.diff(rplan.rank_ptr)[restoring])])
     q, r = divmod(len(restoring), len(ranks))
     ends = np.cumsum(np.array([q + 1] * r + [q] * (len(ranks) - r), dtype=np.int64))

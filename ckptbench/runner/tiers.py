@@ -38,8 +38,8 @@ import numpy as np
 
 from ckptbench.errors import RunFailed
 from ckptbench.formats.base import everyone, file_jobs, from_root, now
-from ckptbench.formats.ranged import restore_positions
 from ckptbench.payload import PayloadGenerator, digest
+from ckptbench.plan.restore_ranks import restore_positions
 from ckptbench.plan.tier_reads import CopyRead, chunk_reads, copy_offsets, reshards
 from ckptbench.plan.tiers import HELD_COPIES, TierPlan
 from ckptbench.records import ErrorRecord
