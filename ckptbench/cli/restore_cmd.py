@@ -58,7 +58,8 @@ def _measure(launch: Launcher, req: RunRequest, path: Path, checkpoint: str,
             stopped_as(f"the restore of {checkpoint}", path):
         outcome = measure(req, path, launch, on_progress=status,
                           on_start=None if as_json else  # --json: the JSON alone on stdout
-                          lambda: click.echo(f"restoring {checkpoint}"))
+                          lambda: click.echo(f"restoring {checkpoint}"),
+                          on_notice=lambda line: status.note(f"ckptbench: note: {line}"))
     if outcome is None:
         return
     if as_json:
