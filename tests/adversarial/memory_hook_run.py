@@ -39,18 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ckptbench.cli import main
 from ckptbench.runner import session, tier_store
+from tests.adversarial.hooked_run import _once  # the first process of the run to get here
 
 NOBODY = 65534
 FOREIGN = "p0-ckpt99.bin"
-
-
-def _once(flag: Path) -> bool:
-    """True for the first process of the run to get here."""
-    try:
-        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 def _as_other_user(path: Path) -> None:
